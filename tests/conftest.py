@@ -1,0 +1,31 @@
+"""Shared fixtures: tiny random Hugging Face models with a character tokenizer (no download)."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+
+from verispec.models.hf import HFCausalLM
+from verispec.models.tiny import perturb, tiny_qwen2, tiny_tokenizer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # an accidental hub call fails at once instead of hanging
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tokenizer):
+    """A tiny target and three drafters: the same weights, unrelated weights, and a perturbed copy."""
+    vocab = len(tokenizer)
+    target = tiny_qwen2(vocab, seed=1)
+    return {
+        "target": HFCausalLM(target, tokenizer, name="tiny-target"),
+        "same": HFCausalLM(copy.deepcopy(target), tokenizer, name="tiny-same"),
+        "unrelated": HFCausalLM(tiny_qwen2(vocab, seed=2), tokenizer, name="tiny-unrelated"),
+        "partial": HFCausalLM(perturb(copy.deepcopy(target), 0.03, seed=3), tokenizer, name="tiny-partial"),
+    }

@@ -1,0 +1,67 @@
+"""The Hugging Face adapter on tiny random models: cache, exact rollback, hidden states, logits_to_keep."""
+
+from __future__ import annotations
+
+import torch
+
+from verispec.models.hf import HFCausalLM
+from verispec.models.tabular import TabularLM
+from verispec.models.tiny import tiny_qwen2, tiny_tokenizer
+
+
+def tiny_model(seed: int = 1) -> HFCausalLM:
+    tokenizer = tiny_tokenizer()
+    return HFCausalLM(tiny_qwen2(len(tokenizer), seed=seed), tokenizer)
+
+
+def fresh_logits(model: HFCausalLM, tokens: list[int], n: int) -> torch.Tensor:
+    model.reset()
+    return model.forward(tokens, n_logits=n).logits
+
+
+def test_incremental_forward_matches_a_fresh_forward():
+    model = tiny_model()
+    seq = [3, 7, 11, 2, 9, 30, 4, 8]
+    model.forward(seq[:5])
+    incremental = model.forward(seq[5:], n_logits=3).logits
+    assert model.cache_length == len(seq)
+    torch.testing.assert_close(incremental, fresh_logits(model, seq, 3), rtol=0, atol=1e-6)
+
+
+def test_rollback_is_exact():
+    model = tiny_model()
+    a, b, c = [5, 6, 7, 8, 9, 10], [20, 21, 22, 23, 24], [31, 32, 33]
+    model.forward(a)
+    model.forward(b, n_logits=5)
+    model.truncate(len(a) + 2)  # drop b[2:]
+    assert model.cache_length == len(a) + 2
+    after_rollback = model.forward(c, n_logits=3).logits
+    expected = fresh_logits(model, a + b[:2] + c, 3)
+    torch.testing.assert_close(after_rollback, expected, rtol=0, atol=1e-6)
+    # A rollback that is not undone would leave b's keys in the cache and change these logits.
+    model.reset()
+    model.forward(a + b)
+    stale = model.forward(c, n_logits=3).logits
+    assert (stale - expected).abs().max() > 1e-3
+
+
+def test_truncate_beyond_the_cache_is_a_no_op():
+    model = tiny_model()
+    model.forward([1, 2, 3])
+    model.truncate(10)
+    assert model.cache_length == 3
+
+
+def test_hidden_states_have_the_hidden_size():
+    model = tiny_model()
+    out = model.forward([4, 5, 6], n_logits=2, return_hidden=True)
+    assert out.logits.shape == (2, model.vocab_size)
+    assert out.hidden.shape == (2, model.model.config.hidden_size)
+
+
+def test_tabular_model_rollback_and_logits():
+    model = TabularLM(3, seed=0)
+    model.forward([0, 1, 2])
+    model.truncate(1)
+    logits = model.forward([2], n_logits=1).logits[0]
+    torch.testing.assert_close(logits.double().exp(), model.conditional([0, 2]), rtol=0, atol=1e-6)

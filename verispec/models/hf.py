@@ -1,0 +1,113 @@
+"""Hugging Face adapter: any AutoModelForCausalLM (hub id, local folder, or GGUF file) behind `CausalLM`."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verispec.errors import ConfigError, ModelFilesError
+from verispec.models.protocol import ForwardOutput
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Return the torch dtype named by `dtype` ("float32", "bfloat16", "float16", "float64")."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+class HFCausalLM:
+    """A transformers causal LM with a DynamicCache; implements `verispec.models.CausalLM`."""
+
+    def __init__(self, model: Any, tokenizer: Any = None, name: str | None = None) -> None:
+        from transformers import DynamicCache
+
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name or getattr(model.config, "name_or_path", None) or type(model).__name__
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.device = next(model.parameters()).device
+        self._new_cache = lambda: DynamicCache(config=model.config)
+        self._cache = self._new_cache()
+        self._length = 0
+
+    @property
+    def cache_length(self) -> int:
+        """Return the number of tokens held in the KV cache."""
+        return self._length
+
+    @torch.inference_mode()
+    def forward(self, tokens: Sequence[int], n_logits: int = 1, return_hidden: bool = False) -> ForwardOutput:
+        """Run over `tokens` after the cached ones; return the last `n_logits` logits `[n, V]` (float32, CPU)."""
+        assert len(tokens) >= n_logits >= 1, f"need 1 <= n_logits={n_logits} <= len(tokens)={len(tokens)}"
+        ids = torch.as_tensor(list(tokens), dtype=torch.long, device=self.device).unsqueeze(0)  # [1, T]
+        out = self.model(
+            input_ids=ids,
+            cache=self._cache,
+            use_cache=True,
+            logits_to_keep=n_logits,  # the LM head over 151k tokens is costly: compute only the rows we use
+            output_hidden_states=return_hidden,
+        )
+        self._length += ids.shape[1]
+        # float32 at least (bf16/fp16 logits are upcast); float64 models keep their precision.
+        upcast = (lambda t: t) if out.logits.dtype == torch.float64 else (lambda t: t.float())
+        logits = upcast(out.logits[0, -n_logits:]).cpu()  # [n, V]
+        hidden = upcast(out.hidden_states[-1][0, -n_logits:]).cpu() if return_hidden else None  # [n, H]
+        return ForwardOutput(logits=logits, hidden=hidden)
+
+    def truncate(self, length: int) -> None:
+        """Roll the KV cache back to its first `length` tokens."""
+        assert length >= 0, f"cannot truncate to a negative length {length}"
+        if length < self._length:
+            self._cache.crop(length - self._length)  # negative: remove that many tokens
+            self._length = length
+
+    def reset(self) -> None:
+        """Empty the KV cache."""
+        self._cache = self._new_cache()
+        self._length = 0
+
+
+def load_pretrained(
+    name_or_path: str, gguf_file: str | None = None, dtype: str | torch.dtype = "float32", device: str = "cpu"
+) -> tuple[Any, Any]:
+    """Return (model, tokenizer) from a hub id or local folder, or from a GGUF file (`gguf_file` or a .gguf path)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = parse_dtype(dtype)
+    path = Path(name_or_path).expanduser()
+    if gguf_file is None and path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelFilesError(f"GGUF file not found: {path}")
+        name_or_path, gguf_file = str(path.parent), path.name
+    kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, **kwargs)
+    except OSError as exc:  # transformers reports a missing model or file (or an offline hub) as OSError
+        where = f"{name_or_path!r}" + (f" ({gguf_file})" if gguf_file else "")
+        raise ModelFilesError(f"cannot load model {where}: {exc}") from exc
+    return model.to(device), tokenizer
+
+
+def save_converted(model: Any, tokenizer: Any, out_dir: Path) -> None:
+    """Save a (GGUF-dequantised) model and its tokenizer as safetensors into `out_dir`, atomically."""
+    # A GGUF-loaded model refuses to save while it still carries its quantizer (the weights are dequantised).
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.name_or_path = out_dir.name
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)

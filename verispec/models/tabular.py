@@ -1,0 +1,69 @@
+"""Exact tabular models over a tiny vocabulary, for distribution tests.
+
+`TabularLM.conditional(prefix)` is the closed-form next-token law after the whole token sequence `prefix`:
+a Dirichlet-like draw seeded by (seed, prefix), so every prefix has its own context-dependent distribution and
+the same prefix always has the same one. The model also implements `CausalLM`, so the real engine can run on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import torch
+
+from verispec.models.protocol import ForwardOutput
+
+
+class TabularLM:
+    """An autoregressive model whose conditionals are an explicit function of the prefix."""
+
+    def __init__(self, vocab_size: int, seed: int, sharpness: float = 1.0, name: str = "tabular") -> None:
+        assert vocab_size >= 2, "a tabular model needs at least 2 tokens"
+        self.vocab_size = vocab_size
+        self.seed = seed
+        self.sharpness = sharpness  # exponent on the exponential draws: > 1 gives peakier conditionals
+        self.name = name
+        self._tokens: list[int] = []
+        self._table: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def conditional(self, prefix: Sequence[int]) -> torch.Tensor:
+        """Return p(·|prefix) as a float64 tensor `[V]` (strictly positive, sums to 1)."""
+        key = tuple(int(t) for t in prefix)
+        if key not in self._table:
+            digest = hashlib.blake2b(repr((self.seed, key)).encode(), digest_size=8).digest()
+            gen = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+            uniform = torch.rand(self.vocab_size, generator=gen, dtype=torch.float64).clamp_min(1e-12)
+            weights = (-uniform.log()) ** self.sharpness
+            self._table[key] = weights / weights.sum()
+        return self._table[key]
+
+    def sequence_prob(self, context: Sequence[int], continuation: Sequence[int]) -> float:
+        """Return the probability of `continuation` after `context`."""
+        prob, prefix = 1.0, list(context)
+        for token in continuation:
+            prob *= float(self.conditional(prefix)[token])
+            prefix.append(int(token))
+        return prob
+
+    @property
+    def cache_length(self) -> int:
+        """Return the number of tokens held in the 'cache' (the token list)."""
+        return len(self._tokens)
+
+    def forward(self, tokens: Sequence[int], n_logits: int = 1, return_hidden: bool = False) -> ForwardOutput:
+        """Append `tokens`; return log-probabilities as logits for the last `n_logits` positions."""
+        assert len(tokens) >= n_logits >= 1
+        self._tokens.extend(int(t) for t in tokens)
+        end = len(self._tokens)
+        rows = [self.conditional(self._tokens[:i]).log() for i in range(end - n_logits + 1, end + 1)]
+        logits = torch.stack(rows).float()
+        return ForwardOutput(logits=logits, hidden=torch.zeros(n_logits, 1) if return_hidden else None)
+
+    def truncate(self, length: int) -> None:
+        """Drop all but the first `length` tokens."""
+        del self._tokens[length:]
+
+    def reset(self) -> None:
+        """Empty the token list."""
+        self._tokens.clear()

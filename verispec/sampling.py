@@ -1,0 +1,69 @@
+"""Logits -> the distribution actually sampled from (temperature, top-k, top-p), and seeded sampling.
+
+Draft and target logits go through the same `process_logits`, and verification always sees these processed
+distributions (ALGORITHMS.md §0: "verification must use exactly the distributions that were sampled").
+Probabilities are float64: the verification rules divide and subtract them, and the vocabularies are small
+enough (γ+1 rows) that the extra precision costs nothing measurable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from verispec.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How a model's logits become the distribution that is sampled from."""
+
+    temperature: float = 0.0  # 0 = greedy: a point mass on the argmax (lowest token id on ties)
+    top_k: int = 0  # keep the k largest logits (ties at the k-th value kept); 0 = off
+    top_p: float = 1.0  # nucleus: smallest set of tokens whose mass reaches top_p; 1 = off
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        if math.isinf(self.temperature):
+            raise ConfigError("temperature must be finite")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """Whether sampling is a deterministic argmax."""
+        return self.temperature == 0.0
+
+
+def process_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Return the float64 probabilities sampled from, for logits `[..., V]` (rows sum to 1)."""
+    logits = logits.to(torch.float64)
+    if config.greedy:
+        # A point mass: the verification rules then reduce to "accept iff the argmaxes agree".
+        probs = torch.zeros_like(logits)
+        probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        return probs
+    logits = logits / config.temperature
+    if config.top_k and config.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    probs = torch.softmax(logits, dim=-1)
+    if config.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        # Keep a token while the mass strictly before it is below top_p: the token that crosses top_p stays.
+        drop_sorted = mass_before >= config.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """Return one token id drawn from a probability vector `[V]` with the given generator."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())

@@ -1,0 +1,69 @@
+"""What a decode returns besides tokens: per-round counts, model-call counts and a wall-time split."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class RoundTrace:
+    """One round of the decode loop."""
+
+    drafted: int  # draft tokens proposed (0 for ar / draft)
+    accepted: int  # of those, kept by the verifier (τ)
+    emitted: int  # tokens committed this round after EOS / max_new_tokens cuts (≤ accepted + 1)
+
+
+@dataclass
+class Trace:
+    """Statistics of one decode, returned as data for reports (never printed by the engine)."""
+
+    rounds: list[RoundTrace] = field(default_factory=list)
+    target_calls: int = 0  # forward passes of the target model
+    target_tokens: int = 0  # tokens those passes processed (prompt prefill included)
+    draft_calls: int = 0
+    draft_tokens: int = 0
+    time_draft: float = 0.0  # seconds in draft forwards and draft sampling
+    time_target: float = 0.0  # seconds in target forwards
+    time_verify: float = 0.0  # seconds turning target logits into probabilities and verifying
+    time_total: float = 0.0  # the whole decode, wall clock
+    prefill_tokens: int = 0  # prompt length
+
+    @property
+    def time_other(self) -> float:
+        """Return the wall time not spent in draft, target or verification (bookkeeping, rollback)."""
+        return self.time_total - self.time_draft - self.time_target - self.time_verify
+
+    @property
+    def generated(self) -> int:
+        """Return the number of tokens generated."""
+        return sum(r.emitted for r in self.rounds)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Return accepted / drafted tokens over the decode (None when nothing was drafted)."""
+        drafted = sum(r.drafted for r in self.rounds)
+        return sum(r.accepted for r in self.rounds) / drafted if drafted else None
+
+    @property
+    def tokens_per_target_call(self) -> float | None:
+        """Return generated tokens per target forward (block efficiency; None without target calls)."""
+        return self.generated / self.target_calls if self.target_calls else None
+
+    @property
+    def mean_accepted(self) -> float | None:
+        """Return the mean accepted length τ per round (None without rounds)."""
+        return sum(r.accepted for r in self.rounds) / len(self.rounds) if self.rounds else None
+
+    def to_dict(self) -> dict:
+        """Return the whole trace, with its derived metrics, as a JSON-able dict."""
+        data = asdict(self)
+        data.update(
+            time_other=self.time_other,
+            generated=self.generated,
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_target_call=self.tokens_per_target_call,
+            mean_accepted=self.mean_accepted,
+            seconds_per_token=self.time_total / self.generated if self.generated else None,
+        )
+        return data

@@ -1,0 +1,21 @@
+"""Pure verification algorithms of speculative decoding.
+
+Glossary (ALGORITHMS.md §0; p = target, q = draft, always):
+- **draft block**: the γ tokens x_1..x_γ proposed by the draft in one round, with the draft conditionals
+  q[i] = q(·|x^i) for i = 0..γ-1, and the target conditionals p[i] = p(·|x^i) for i = 0..γ from one target pass.
+- **accepted tokens** (τ): the prefix x_1..x_τ of the block that is kept, 0 ≤ τ ≤ γ.
+- **correction token**: when τ < γ, the extra token drawn from a residual distribution at x^τ
+  (vLLM calls it "recovered"); **bonus token**: when τ = γ, the extra token drawn from p(·|x^γ).
+  `VerifyResult.token` is whichever of the two the round produced, so every round emits τ + 1 tokens.
+- **round**: one draft block + one target pass + one verification.
+- **block efficiency**: tokens committed per target forward pass, E[τ] + 1 for single-path methods.
+
+Every verifier here is a pure function of tensors (draft tokens, q, p, a torch.Generator): no models, no caches.
+Each one first computes its exact output law (`BlockLaw`: P(τ = i) and the residual at each i), then draws one
+outcome from it; the law is what the exact-enumeration tests check, and the draw is shared by all verifiers.
+"""
+
+from verispec.verify.common import BlockLaw, VerifyResult, draw
+from verispec.verify.token import token_verify, token_verify_law
+
+__all__ = ["BlockLaw", "VerifyResult", "draw", "token_verify", "token_verify_law"]
