@@ -1,0 +1,46 @@
+"""The embedded default pair (Qwen2.5-Coder 1.5B target, 0.5B draft): real models, real tokenizer.
+
+Slow (loads ~9 GB of float32 weights and decodes on the CPU); `make test` and CI run it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from verispec import Decoder
+from verispec.models.default_pair import DEFAULT_PAIR, describe
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "Write a Python function that returns the sum of the squares of a list of numbers.",
+    "What is the difference between a list and a tuple in Python?",
+]
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    return Decoder()
+
+
+def test_default_pair_files_verify():
+    for model in DEFAULT_PAIR.values():
+        info = describe(model, verify=True)
+        assert info["parts_installed"] and info["sha256_ok"], info
+
+
+def test_pair_shares_vocabulary_and_chat_template(decoder):
+    target, draft = decoder.model("target"), decoder.model("draft")
+    assert target.vocab_size == draft.vocab_size == 151936
+    ids = decoder.encode_prompt(PROMPTS[0])
+    assert decoder.tokenizer.decode(ids).count("<|im_start|>") >= 2  # system/user turns + the assistant opening
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_sd_equals_ar_on_the_default_pair(decoder, prompt):
+    ar = decoder.generate(prompt, method="ar", max_new_tokens=32)
+    sd = decoder.generate(prompt, method="sd", gamma=4, max_new_tokens=32)
+    assert len(ar.tokens) == 32
+    assert sd.tokens == ar.tokens
+    assert sd.trace.acceptance_rate > 0.3  # a real, mostly agreeing pair
+    assert sd.trace.target_calls < ar.trace.target_calls

@@ -1,0 +1,62 @@
+"""Logits processing: temperature, top-k, top-p, greedy; invalid settings are clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec.errors import ConfigError
+from verispec.sampling import SamplingConfig, process_logits, sample
+
+LOGITS = torch.tensor([[2.0, 1.0, 0.0, -1.0, 3.0]])
+
+
+def test_greedy_is_a_point_mass_on_the_argmax():
+    probs = process_logits(LOGITS, SamplingConfig(temperature=0.0))
+    assert probs.tolist() == [[0.0, 0.0, 0.0, 0.0, 1.0]]
+
+
+def test_greedy_ties_go_to_the_lowest_token_id():
+    probs = process_logits(torch.tensor([[1.0, 5.0, 5.0]]), SamplingConfig())
+    assert probs.tolist() == [[0.0, 1.0, 0.0]]
+
+
+def test_temperature_scales_logits():
+    probs = process_logits(LOGITS, SamplingConfig(temperature=2.0))
+    torch.testing.assert_close(probs, torch.softmax(LOGITS.double() / 2.0, dim=-1))
+
+
+def test_top_k_keeps_the_k_largest():
+    probs = process_logits(LOGITS, SamplingConfig(temperature=1.0, top_k=2))[0]
+    assert (probs > 0).tolist() == [True, False, False, False, True]
+    torch.testing.assert_close(probs.sum(), torch.tensor(1.0, dtype=torch.float64))
+
+
+def test_top_p_keeps_the_token_that_crosses_the_threshold():
+    base = torch.softmax(LOGITS.double(), dim=-1)[0]  # sorted: token 4 (0.64), 0 (0.24), 1 (0.09), ...
+    probs = process_logits(LOGITS, SamplingConfig(temperature=1.0, top_p=0.7))[0]
+    assert (probs > 0).tolist() == [True, False, False, False, True]
+    torch.testing.assert_close(probs[[0, 4]], base[[0, 4]] / base[[0, 4]].sum())
+    assert (process_logits(LOGITS, SamplingConfig(temperature=1.0, top_p=0.5))[0] > 0).sum() == 1
+
+
+def test_sampling_is_reproducible_with_a_generator():
+    probs = process_logits(LOGITS, SamplingConfig(temperature=1.0))[0]
+    draws = lambda seed: [sample(probs, g) for g in [torch.Generator().manual_seed(seed)] for _ in range(50)]  # noqa: E731
+    assert draws(3) == draws(3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"temperature": -1.0}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.01}, "top_p"),
+        ({"top_k": -3}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+    ],
+)
+def test_invalid_settings_raise(kwargs, field):
+    with pytest.raises(ConfigError, match=field):
+        SamplingConfig(**kwargs)
