@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", help="a text file with one prompt per line (default: built-in prompts)")
     p.add_argument("--out", default="results/compare.json", help="where to write the results JSON")
     p.set_defaults(func=cmd_compare)
+
+    from verispec.bench.cli import register
+
+    register(sub)
     return parser
 
 

@@ -112,7 +112,8 @@ class Engine:
             # 3. Verify against the processed distributions actually sampled from.
             p = process_logits(logits, config.sampling)  # [n_block+1, V]
             result = method.verify(torch.tensor(draft_tokens, dtype=torch.long), q, p, generator)
-            trace.time_verify += time.perf_counter() - t2
+            t3 = time.perf_counter()
+            trace.time_verify += t3 - t2
 
             # 4. Commit the accepted prefix and the extra token, cut at EOS and at max_new_tokens.
             emitted = draft_tokens[: result.accepted] + [result.token]
@@ -124,7 +125,9 @@ class Engine:
             emitted = emitted[:remaining]
             base = len(tokens)
             tokens.extend(emitted)
-            trace.rounds.append(RoundTrace(drafted=n_block, accepted=result.accepted, emitted=len(emitted)))
+            trace.rounds.append(
+                RoundTrace(n_block, result.accepted, len(emitted), len(new), t1 - t0, t2 - t1, t3 - t2)
+            )
 
             # 5. Roll back: keep the committed tokens that both caches saw; the extra token is fed next round.
             keep = base + result.accepted

@@ -12,6 +12,10 @@ class RoundTrace:
     drafted: int  # draft tokens proposed (0 for ar / draft)
     accepted: int  # of those, kept by the verifier (τ)
     emitted: int  # tokens committed this round after EOS / max_new_tokens cuts (≤ accepted + 1)
+    fed: int = 0  # tokens the decoding model's pass processed this round (uncached committed tokens + the block)
+    time_draft: float = 0.0  # seconds drafting this round
+    time_decode: float = 0.0  # seconds in this round's pass of the decoding model (target, or draft for `draft`)
+    time_verify: float = 0.0  # seconds verifying this round
 
 
 @dataclass
