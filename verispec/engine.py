@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from verispec.drafting import draft_paths, merge_paths
 from verispec.errors import ConfigError
-from verispec.methods import get_method
+from verispec.methods import Method, MultiPathResult, get_method
 from verispec.models.protocol import CausalLM
-from verispec.sampling import SamplingConfig, process_logits, sample
+from verispec.sampling import SamplingConfig, process_logits
 from verispec.trace import RoundTrace, Trace
 
 
@@ -25,15 +26,20 @@ class DecodeConfig:
     """Settings of one decode; the CLI and the API read their defaults from here."""
 
     method: str = "sd"  # a name in verispec.methods.METHODS
-    gamma: int = 4  # draft tokens per round (speculative methods)
+    gamma: int = 4  # draft tokens per round (speculative methods); the path length for multi-path methods
     max_new_tokens: int = 128  # generation stops after exactly this many tokens unless EOS comes first
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: int = 0  # seeds the one torch.Generator used for every draw of the decode
+    paths: int = 1  # K: i.i.d. draft paths per round (multi-path methods only)
 
     def __post_init__(self) -> None:
         get_method(self.method)
         if not isinstance(self.gamma, int) or isinstance(self.gamma, bool) or self.gamma < 1:
             raise ConfigError(f"gamma (draft length) must be an integer >= 1, got {self.gamma!r}")
+        if not isinstance(self.paths, int) or isinstance(self.paths, bool) or self.paths < 1:
+            raise ConfigError(f"paths (K) must be an integer >= 1, got {self.paths!r}")
+        if self.paths > 1 and not get_method(self.method).multipath:
+            raise ConfigError(f"method {self.method!r} verifies a single path; paths must be 1, got {self.paths}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if not isinstance(self.seed, int):
@@ -89,80 +95,83 @@ class Engine:
             # so it keeps the method lossless, ALGORITHMS.md §1.4 "Variable γ").
             gamma = min(config.gamma, remaining - 1) if drafter is not None else 0
 
-            # 1. Draft: gamma tokens from q, one at a time, stopping early at EOS.
+            # 1. Draft: K paths of up to gamma tokens from q.
             t0 = time.perf_counter()
-            draft_tokens, q = self._draft(drafter, tokens, gamma, config.sampling, generator, trace)
+            block = draft_paths(
+                drafter, tokens, config.paths, gamma, config.sampling, generator, self.eos_token_ids,
+                decoder.vocab_size,
+            )
             t1 = time.perf_counter()
-            trace.time_draft += t1 - t0
+            trace.draft_calls += block.forwards
+            trace.draft_tokens += block.fed
 
-            # 2. One decoder pass over the uncached committed tokens plus the block: gamma+1 distributions.
-            n_block = len(draft_tokens)
-            new = (tokens + draft_tokens)[decoder.cache_length :]
-            logits = decoder.forward(new, n_logits=n_block + 1).logits  # [n_block+1, V]
-            t2 = time.perf_counter()
-            if decoder_is_draft:
-                trace.draft_calls += 1
-                trace.draft_tokens += len(new)
-                trace.time_draft += t2 - t1
+            # 2. One decoder pass over the uncached committed tokens plus the block (a tree when K > 1).
+            base = len(tokens)
+            tree = merge_paths(block.tokens)
+            new = tokens[decoder.cache_length :]
+            if config.paths == 1:
+                logits = decoder.forward(new + block.tokens[0], n_logits=block.length + 1).logits  # [γ'+1, V]
             else:
-                trace.target_calls += 1
-                trace.target_tokens += len(new)
-                trace.time_target += t2 - t1
+                parents = list(range(base - len(new) - 1, base - 1))  # the committed tokens continue the chain
+                parents += [base - 1 if parent < 0 else base + parent for parent in tree.parents]
+                logits = decoder.forward(new + tree.tokens, n_logits=len(tree.tokens) + 1, parents=parents).logits
+            t2 = time.perf_counter()
+            fed = len(new) + len(tree.tokens)
+            if decoder_is_draft:
+                trace.draft_calls, trace.draft_tokens = trace.draft_calls + 1, trace.draft_tokens + fed
+            else:
+                trace.target_calls, trace.target_tokens = trace.target_calls + 1, trace.target_tokens + fed
 
             # 3. Verify against the processed distributions actually sampled from.
-            p = process_logits(logits, config.sampling)  # [n_block+1, V]
-            result = method.verify(torch.tensor(draft_tokens, dtype=torch.long), q, p, generator)
+            p_nodes = process_logits(logits, config.sampling)  # [N+1, V]: the root, then each tree node
+            rows = [[0] + [1 + node for node in nodes] for nodes in tree.node_of] if config.paths > 1 else None
+            p = p_nodes[torch.tensor(rows)] if rows else p_nodes.unsqueeze(0)  # [K, γ'+1, V]
+            result = verify_paths(method, block.as_tensor(), block.q, p, generator)
             t3 = time.perf_counter()
-            trace.time_verify += t3 - t2
 
-            # 4. Commit the accepted prefix and the extra token, cut at EOS and at max_new_tokens.
-            emitted = draft_tokens[: result.accepted] + [result.token]
+            # 4. Commit the accepted prefix of the chosen path and the extra token; cut at EOS, max_new_tokens.
+            emitted = block.tokens[result.path][: result.accepted] + [result.token]
             for i, token in enumerate(emitted):
                 if token in self.eos_token_ids:
                     emitted = emitted[: i + 1]
                     stopped_at_eos = True
                     break
             emitted = emitted[:remaining]
-            base = len(tokens)
             tokens.extend(emitted)
             trace.rounds.append(
-                RoundTrace(n_block, result.accepted, len(emitted), len(new), t1 - t0, t2 - t1, t3 - t2)
+                RoundTrace(
+                    block.length, result.accepted, len(emitted), fed, t1 - t0, t2 - t1, t3 - t2,
+                    paths=config.paths, tree_nodes=len(tree.tokens),
+                )
             )
-
-            # 5. Roll back: keep the committed tokens that both caches saw; the extra token is fed next round.
-            keep = base + result.accepted
-            for model in (decoder, drafter):
-                if model is not None:
-                    model.truncate(min(model.cache_length, keep))
+            trace.time_draft += t1 - t0 + (t2 - t1 if decoder_is_draft else 0.0)
+            trace.time_target += 0.0 if decoder_is_draft else t2 - t1
+            trace.time_verify += t3 - t2
             if stopped_at_eos:
                 break
+
+            # 5. Roll back both caches to the committed tokens they saw: the prefix, then the kept path.
+            kept_nodes = [tree.node_of[result.path][i] for i in range(result.accepted)]
+            self._roll_back(decoder, base, [base + node for node in kept_nodes], config.paths)
+            if drafter is not None:
+                kept_draft = block.positions[result.path][: result.accepted]
+                self._roll_back(drafter, base, kept_draft, config.paths)
         trace.time_total = time.perf_counter() - start
         return DecodeOutput(tokens=tokens[n_prompt:], trace=trace, stopped_at_eos=stopped_at_eos)
 
-    def _draft(
-        self,
-        drafter: CausalLM | None,
-        tokens: list[int],
-        gamma: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator,
-        trace: Trace,
-    ) -> tuple[list[int], torch.Tensor]:
-        """Return up to `gamma` draft tokens and their draft distributions q `[n, V]` (stops after an EOS)."""
-        if drafter is None or gamma == 0:
-            vocab = self.target.vocab_size if self.target is not None else self.draft.vocab_size
-            return [], torch.empty(0, vocab, dtype=torch.float64)
-        draft_tokens: list[int] = []
-        rows = []
-        for _ in range(gamma):
-            new = (tokens + draft_tokens)[drafter.cache_length :]
-            logits = drafter.forward(new, n_logits=1).logits  # [1, V]
-            trace.draft_calls += 1
-            trace.draft_tokens += len(new)
-            q_row = process_logits(logits, sampling)[0]  # [V]
-            token = sample(q_row, generator)
-            draft_tokens.append(token)
-            rows.append(q_row)
-            if token in self.eos_token_ids:
-                break  # §1.4: EOS ends the block; nothing after it can be kept
-        return draft_tokens, torch.stack(rows)  # [n, V]
+    @staticmethod
+    def _roll_back(model: CausalLM, base: int, kept: list[int], n_paths: int) -> None:
+        """Keep the first `base` cached tokens and then the cache positions `kept` (one path)."""
+        if n_paths == 1:  # the path follows the prefix contiguously: rolling back is moving a length
+            model.truncate(min(model.cache_length, base + len(kept)))
+        else:
+            model.keep(list(range(min(base, model.cache_length))) + kept)
+
+
+def verify_paths(method: Method, draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                 generator: torch.Generator) -> MultiPathResult:
+    """Run `method`'s verifier on K paths (`[K, γ]`, `[K, γ, V]`, `[K, γ+1, V]`); single-path ones see path 0."""
+    if method.multipath:
+        return method.verify(draft_tokens, q, p, generator)
+    result = method.verify(draft_tokens[0], q[0], p[0], generator)
+    return MultiPathResult(path=0, accepted=result.accepted, token=result.token)

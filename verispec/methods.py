@@ -8,13 +8,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from verispec.errors import ConfigError
-from verispec.verify import VerifyResult, token_verify
+from verispec.verify import token_verify
 
-Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator | None], VerifyResult]
+Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator | None], Any]
+
+
+@dataclass(frozen=True)
+class MultiPathResult:
+    """The outcome of verifying K draft paths: the prefix of path `path` of length `accepted`, then `token`."""
+
+    path: int
+    accepted: int
+    token: int
 
 
 @dataclass(frozen=True)
@@ -27,6 +37,7 @@ class Method:
     speculative: bool  # whether the draft proposes gamma tokens per round
     verify: Verifier  # how a proposed block is checked against the decoder's distributions
     lossless: bool  # whether the output law equals the target's
+    multipath: bool = False  # verify takes K paths ([K, γ], [K, γ, V], [K, γ+1, V]) and returns MultiPathResult
 
 
 METHODS: dict[str, Method] = {

@@ -16,6 +16,8 @@ class RoundTrace:
     time_draft: float = 0.0  # seconds drafting this round
     time_decode: float = 0.0  # seconds in this round's pass of the decoding model (target, or draft for `draft`)
     time_verify: float = 0.0  # seconds verifying this round
+    paths: int = 1  # K draft paths (multi-path methods)
+    tree_nodes: int = 0  # distinct draft tokens in the tree the decoding pass verified (= drafted when K = 1)
 
 
 @dataclass

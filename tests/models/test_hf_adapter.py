@@ -65,3 +65,38 @@ def test_tabular_model_rollback_and_logits():
     model.truncate(1)
     logits = model.forward([2], n_logits=1).logits[0]
     torch.testing.assert_close(logits.double().exp(), model.conditional([0, 2]), rtol=0, atol=1e-6)
+
+
+def test_tree_attention_logits_equal_plain_forwards_over_each_path():
+    model = tiny_model()
+    prefix = [5, 9, 13, 2, 7]
+    # Tree after the prefix: 20 -> 21 -> 22, 20 -> 23, 24 (a second root child), 24 -> 25.
+    nodes = [20, 21, 22, 23, 24, 25]
+    parent_node = [-1, 0, 1, 0, -1, 4]  # index into nodes; -1 = the last prefix token
+    model.forward(prefix[:3])
+    uncached = prefix[3:]
+    base = model.cache_length
+    parents = list(range(base - 1, base + len(uncached) - 1))
+    last_prefix_position = base + len(uncached) - 1
+    parents += [last_prefix_position if j < 0 else last_prefix_position + 1 + j for j in parent_node]
+    tree_logits = model.forward(uncached + nodes, n_logits=len(nodes) + 1, parents=parents).logits
+    for row, node in enumerate([None, *range(len(nodes))]):
+        path, j = [], node
+        while j is not None and j >= 0:
+            path.insert(0, nodes[j])
+            j = parent_node[j]
+        expected = fresh_logits(tiny_model(), prefix + path, 1)[0]
+        torch.testing.assert_close(tree_logits[row], expected, rtol=0, atol=1e-9)
+
+
+def test_keeping_one_tree_path_leaves_an_exact_cache():
+    model = tiny_model()
+    prefix = [3, 4, 5]
+    model.forward(prefix)
+    # Two branches after the prefix: [10, 11] and [12, 13]; keep the second.
+    parents = [2, 3, 2, 5]
+    model.forward([10, 11, 12, 13], n_logits=4, parents=parents)
+    model.keep([0, 1, 2, 5, 6])
+    assert model.cache_length == 5
+    logits = model.forward([30], n_logits=1).logits
+    torch.testing.assert_close(logits, fresh_logits(tiny_model(), prefix + [12, 13, 30], 1), rtol=0, atol=1e-9)

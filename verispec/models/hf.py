@@ -11,6 +11,7 @@ import torch
 
 from verispec.errors import ConfigError, ModelFilesError
 from verispec.models.protocol import ForwardOutput
+from verispec.models.tree import CacheTree
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -36,27 +37,46 @@ class HFCausalLM:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device
         self._new_cache = lambda: DynamicCache(config=model.config)
-        self._cache = self._new_cache()
-        self._length = 0
+        self.reset()
 
     @property
     def cache_length(self) -> int:
         """Return the number of tokens held in the KV cache."""
-        return self._length
+        return len(self._tree.parents)
 
     @torch.inference_mode()
-    def forward(self, tokens: Sequence[int], n_logits: int = 1, return_hidden: bool = False) -> ForwardOutput:
-        """Run over `tokens` after the cached ones; return the last `n_logits` logits `[n, V]` (float32, CPU)."""
+    def forward(
+        self,
+        tokens: Sequence[int],
+        n_logits: int = 1,
+        return_hidden: bool = False,
+        parents: Sequence[int] | None = None,
+    ) -> ForwardOutput:
+        """Run over `tokens` after the cached ones; return the last `n_logits` logits `[n, V]` (float32, CPU).
+
+        With `parents` (absolute cache position of each new token's parent, -1 for none), the new tokens form a
+        tree: each attends only to its ancestors, at position id = its depth (tree attention).
+        """
         assert len(tokens) >= n_logits >= 1, f"need 1 <= n_logits={n_logits} <= len(tokens)={len(tokens)}"
         ids = torch.as_tensor(list(tokens), dtype=torch.long, device=self.device).unsqueeze(0)  # [1, T]
+        extra: dict[str, Any] = {}
+        if parents is not None:
+            mask, depths = self._tree.extend(parents)  # [T, cache+T] bool, [T]
+            extra["position_ids"] = depths.to(self.device).unsqueeze(0)  # [1, T]
+            # An additive 4D mask is used as-is by transformers (eager and sdpa alike).
+            additive = torch.zeros(mask.shape, dtype=self.model.dtype)
+            additive.masked_fill_(~mask, torch.finfo(self.model.dtype).min)
+            extra["attention_mask"] = additive.to(self.device)[None, None]  # [1, 1, T, cache+T]
+        else:
+            self._tree.extend_chain(len(tokens))
         out = self.model(
             input_ids=ids,
             cache=self._cache,
             use_cache=True,
             logits_to_keep=n_logits,  # the LM head over 151k tokens is costly: compute only the rows we use
             output_hidden_states=return_hidden,
+            **extra,
         )
-        self._length += ids.shape[1]
         # float32 at least (bf16/fp16 logits are upcast); float64 models keep their precision.
         upcast = (lambda t: t) if out.logits.dtype == torch.float64 else (lambda t: t.float())
         logits = upcast(out.logits[0, -n_logits:]).cpu()  # [n, V]
@@ -66,14 +86,24 @@ class HFCausalLM:
     def truncate(self, length: int) -> None:
         """Roll the KV cache back to its first `length` tokens."""
         assert length >= 0, f"cannot truncate to a negative length {length}"
-        if length < self._length:
-            self._cache.crop(length - self._length)  # negative: remove that many tokens
-            self._length = length
+        if length < self.cache_length:
+            self._cache.crop(length - self.cache_length)  # negative: remove that many tokens
+            self._tree.truncate(length)
+
+    def keep(self, positions: Sequence[int]) -> None:
+        """Keep only the cache entries at `positions` (a chain: the committed prefix plus one tree path)."""
+        self._tree.check_chain(positions)
+        index = torch.as_tensor(list(positions), dtype=torch.long, device=self.device)
+        for layer in self._cache.layers:
+            if getattr(layer, "is_initialized", True) and getattr(layer, "keys", None) is not None:
+                layer.keys = layer.keys.index_select(-2, index)
+                layer.values = layer.values.index_select(-2, index)
+        self._tree = CacheTree.chain(len(positions))
 
     def reset(self) -> None:
         """Empty the KV cache."""
         self._cache = self._new_cache()
-        self._length = 0
+        self._tree = CacheTree.chain(0)
 
 
 def load_pretrained(

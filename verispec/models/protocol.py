@@ -23,8 +23,9 @@ class CausalLM(Protocol):
     """A causal language model with an internal KV cache of `cache_length` tokens.
 
     `forward(tokens)` runs the model over `tokens` as a continuation of the cached ones and appends them to the
-    cache; `truncate(n)` rolls the cache back to its first n tokens. Rollback is exact: after truncate(n) and a
-    re-feed, the logits equal those of a fresh forward over the same sequence.
+    cache; `truncate(n)` rolls the cache back to its first n tokens; `keep(positions)` keeps one path of a tree.
+    Rollback is exact: after truncate(n) and a re-feed, the logits equal those of a fresh forward over the same
+    sequence.
     """
 
     name: str
@@ -35,8 +36,22 @@ class CausalLM(Protocol):
         """Return the number of tokens held in the KV cache."""
         ...
 
-    def forward(self, tokens: Sequence[int], n_logits: int = 1, return_hidden: bool = False) -> ForwardOutput:
-        """Run over `tokens` (appending them to the cache); return the last `n_logits` positions' outputs."""
+    def forward(
+        self,
+        tokens: Sequence[int],
+        n_logits: int = 1,
+        return_hidden: bool = False,
+        parents: Sequence[int] | None = None,
+    ) -> ForwardOutput:
+        """Run over `tokens` (appending them to the cache); return the last `n_logits` positions' outputs.
+
+        `parents` (optional): the absolute cache position of each new token's parent; the new tokens then form a
+        tree and each one sees only its ancestors (tree attention). Without it they continue the sequence.
+        """
+        ...
+
+    def keep(self, positions: Sequence[int]) -> None:
+        """Keep only the cache entries at `positions`, a root-to-node path (tree rollback)."""
         ...
 
     def truncate(self, length: int) -> None:

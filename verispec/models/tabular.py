@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from verispec.models.protocol import ForwardOutput
+from verispec.models.tree import CacheTree
 
 
 class TabularLM:
@@ -24,8 +25,8 @@ class TabularLM:
         self.seed = seed
         self.sharpness = sharpness  # exponent on the exponential draws: > 1 gives peakier conditionals
         self.name = name
-        self._tokens: list[int] = []
         self._table: dict[tuple[int, ...], torch.Tensor] = {}
+        self.reset()
 
     def conditional(self, prefix: Sequence[int]) -> torch.Tensor:
         """Return p(·|prefix) as a float64 tensor `[V]` (strictly positive, sums to 1)."""
@@ -51,19 +52,45 @@ class TabularLM:
         """Return the number of tokens held in the 'cache' (the token list)."""
         return len(self._tokens)
 
-    def forward(self, tokens: Sequence[int], n_logits: int = 1, return_hidden: bool = False) -> ForwardOutput:
-        """Append `tokens`; return log-probabilities as logits for the last `n_logits` positions."""
+    def forward(
+        self,
+        tokens: Sequence[int],
+        n_logits: int = 1,
+        return_hidden: bool = False,
+        parents: Sequence[int] | None = None,
+    ) -> ForwardOutput:
+        """Append `tokens` (a tree when `parents` is given); return log-probabilities of the last `n_logits`."""
         assert len(tokens) >= n_logits >= 1
+        if parents is None:
+            self._tree.extend_chain(len(tokens))
+        else:
+            self._tree.extend(parents)
         self._tokens.extend(int(t) for t in tokens)
         end = len(self._tokens)
-        rows = [self.conditional(self._tokens[:i]).log() for i in range(end - n_logits + 1, end + 1)]
+        rows = [self.conditional(self._path(position)).log() for position in range(end - n_logits, end)]
         logits = torch.stack(rows).float()
         return ForwardOutput(logits=logits, hidden=torch.zeros(n_logits, 1) if return_hidden else None)
+
+    def _path(self, position: int) -> list[int]:
+        """Return the tokens from the root to `position`, following the cache tree."""
+        path = []
+        while position >= 0:
+            path.append(self._tokens[position])
+            position = self._tree.parents[position]
+        return path[::-1]
 
     def truncate(self, length: int) -> None:
         """Drop all but the first `length` tokens."""
         del self._tokens[length:]
+        self._tree.truncate(length)
+
+    def keep(self, positions: Sequence[int]) -> None:
+        """Keep only the tokens at `positions` (a root-to-node path)."""
+        self._tree.check_chain(positions)
+        self._tokens = [self._tokens[i] for i in positions]
+        self._tree = CacheTree.chain(len(self._tokens))
 
     def reset(self) -> None:
         """Empty the token list."""
-        self._tokens.clear()
+        self._tokens = []
+        self._tree = CacheTree.chain(0)

@@ -1,0 +1,102 @@
+"""Draft proposals: K i.i.d. paths of length γ from the draft model, one forward per depth for all paths.
+
+With K = 1 this is plain autoregressive drafting. With K > 1 the K paths are fed as a tree after the committed
+sequence (tree attention), so one draft forward per depth serves all paths (ALGORITHMS.md §2.1, "Drafting").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from verispec.models.protocol import CausalLM
+from verispec.sampling import SamplingConfig, process_logits, sample
+
+
+@dataclass
+class DraftBlock:
+    """K draft paths of equal length γ' ≤ γ with their draft conditionals."""
+
+    tokens: list[list[int]]  # [K][γ'] draft tokens of each path
+    q: torch.Tensor  # [K, γ', V] float64: q[k, i] = q(·| committed + tokens[k][:i])
+    positions: list[list[int]]  # [K][γ'-1] draft-cache position of tokens[k][i] (the last token is never fed)
+    forwards: int  # draft forward passes made
+    fed: int  # tokens those passes processed
+
+    @property
+    def length(self) -> int:
+        """Return γ', the common length of the paths."""
+        return self.q.shape[1]
+
+    def as_tensor(self) -> torch.Tensor:
+        """Return the draft tokens as a LongTensor `[K, γ']`."""
+        return torch.tensor(self.tokens, dtype=torch.long).view(len(self.tokens), self.length)
+
+
+def draft_paths(
+    drafter: CausalLM | None,
+    tokens: list[int],
+    n_paths: int,
+    gamma: int,
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+    eos_token_ids: frozenset[int],
+    vocab_size: int,
+) -> DraftBlock:
+    """Return `n_paths` i.i.d. draft paths of length ≤ `gamma` continuing `tokens`.
+
+    Drafting stops early once every path holds an EOS: nothing after an EOS can be kept, and a rule that looks
+    only at drafted tokens keeps every verifier lossless (§1.4, "Variable γ").
+    """
+    paths: list[list[int]] = [[] for _ in range(n_paths)]
+    positions: list[list[int]] = [[] for _ in range(n_paths)]
+    if drafter is None or gamma == 0:
+        return DraftBlock(paths, torch.empty(n_paths, 0, vocab_size, dtype=torch.float64), positions, 0, 0)
+    new = tokens[drafter.cache_length :]  # the committed tokens the draft cache lacks (at least one)
+    q_root = process_logits(drafter.forward(new, n_logits=1).logits, sampling)  # [1, V]
+    forwards, fed = 1, len(new)
+    rows = [q_root.expand(n_paths, -1)]  # [K, V] per depth
+    for path in paths:
+        path.append(sample(q_root[0], generator))
+    for _depth in range(1, gamma):
+        if all(any(t in eos_token_ids for t in path) for path in paths):
+            break
+        start = drafter.cache_length
+        last = [path[-1] for path in paths]
+        if n_paths == 1:
+            logits = drafter.forward(last, n_logits=1).logits  # [1, V]
+        else:
+            parents = [pos[-1] if pos else start - 1 for pos in positions]  # the previous token of each path
+            logits = drafter.forward(last, n_logits=n_paths, parents=parents).logits  # [K, V]
+        forwards, fed = forwards + 1, fed + n_paths
+        q_depth = process_logits(logits, sampling)  # [K, V]
+        for k, path in enumerate(paths):
+            positions[k].append(start + k)
+            path.append(sample(q_depth[k], generator))
+        rows.append(q_depth)
+    return DraftBlock(paths, torch.stack(rows, dim=1), positions, forwards, fed)  # q: [K, γ', V]
+
+
+@dataclass
+class PrefixTree:
+    """The distinct nodes of K paths merged by common prefix, in breadth-first order."""
+
+    tokens: list[int]  # [N] token of each node
+    parents: list[int]  # [N] parent node index, -1 for children of the root (the last committed token)
+    node_of: list[list[int]]  # [K][γ'] node index of path k's i-th token
+
+
+def merge_paths(paths: list[list[int]]) -> PrefixTree:
+    """Return the prefix tree of `paths` (identical prefixes share nodes; duplicate paths share all of them)."""
+    index: dict[tuple[int, ...], int] = {}
+    tree = PrefixTree([], [], [[] for _ in paths])
+    for depth in range(len(paths[0]) if paths else 0):
+        for k, path in enumerate(paths):
+            key = tuple(path[: depth + 1])
+            if key not in index:
+                index[key] = len(tree.tokens)
+                tree.tokens.append(path[depth])
+                tree.parents.append(index[key[:-1]] if depth else -1)
+            tree.node_of[k].append(index[key])
+    return tree
