@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,9 +68,11 @@ class Decoder:
         draft: str | HFCausalLM | None = None,
         dtype: str | torch.dtype = "float32",
         device: str = "cpu",
+        verifier: str | Any = None,
     ) -> None:
         parse_dtype(dtype)  # fail on a bad dtype now, not after minutes of loading
         self.dtype, self.device = dtype, device
+        self._verifier_spec = verifier  # a LearnedVerifier file path (loaded on first use) or object
         self._specs = {"target": target, "draft": draft}
         self._models: dict[str, HFCausalLM] = {
             role: spec for role, spec in self._specs.items() if isinstance(spec, HFCausalLM)
@@ -86,6 +89,19 @@ class Decoder:
             if other in self._models:
                 check_compatible(self._models["target"], self._models["draft"])
         return self._models[role]
+
+    def verifier(self) -> Any:
+        """Return SPRINTER's learned verifier, loaded (and checked against the draft model) on first use."""
+        if self._verifier_spec is None:
+            raise ConfigError("SPRINTER methods need a learned verifier: pass verifier=FILE (CLI: --verifier FILE)")
+        if isinstance(self._verifier_spec, (str, Path)):
+            from verispec.learned import LearnedVerifier
+
+            draft = self.model("draft")
+            self._verifier_spec = LearnedVerifier.load(
+                self._verifier_spec, expected_draft=draft.name, expected_hidden_size=draft.model.config.hidden_size
+            )
+        return self._verifier_spec
 
     @property
     def tokenizer(self) -> Any:
@@ -130,17 +146,24 @@ class Decoder:
         max_new_tokens: int = DecodeConfig.max_new_tokens,
         seed: int = DecodeConfig.seed,
         chat_template: bool = True,
+        paths: int = DecodeConfig.paths,
+        cap: int = DecodeConfig.cap,
+        tau: float | None = DecodeConfig.tau,
     ) -> Generation:
         """Decode `prompt` with `method`; return the text, the token ids and the trace."""
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-        config = DecodeConfig(method=method, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed)
+        config = DecodeConfig(
+            method=method, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, paths=paths,
+            cap=cap, tau=tau,
+        )
         if not isinstance(prompt, str) or not prompt.strip():
             raise ConfigError("the prompt is empty: give some text to continue")
         spec = get_method(method)
         roles = {spec.decoder} | ({"draft"} if spec.speculative else set())
         models = {role: self.model(role) for role in sorted(roles, reverse=True)}  # target first
         prompt_ids = self.encode_prompt(prompt, chat_template)
-        engine = Engine(models.get("target"), models.get("draft"), self.eos_token_ids(spec.decoder))
+        verifier = self.verifier() if spec.learned_stop else None
+        engine = Engine(models.get("target"), models.get("draft"), self.eos_token_ids(spec.decoder), verifier)
         out = engine.decode(prompt_ids, config)
         text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)
         return Generation(text, out.tokens, len(prompt_ids), out.stopped_at_eos, config, out.trace)
@@ -163,15 +186,19 @@ def generate(
     chat_template: bool = True,
     dtype: str = "float32",
     device: str = "cpu",
+    paths: int = DecodeConfig.paths,
+    cap: int = DecodeConfig.cap,
+    tau: float | None = DecodeConfig.tau,
+    verifier: str | None = None,
 ) -> Generation:
     """Decode `prompt` with `method` on the given (default: embedded) pair; return a `Generation`.
 
     Models stay loaded between calls with the same target, draft, dtype and device.
     """
-    key = (target, draft, dtype, device)
+    key = (target, draft, dtype, device, verifier)
     if key not in _DECODERS:
-        _DECODERS[key] = Decoder(target, draft, dtype=dtype, device=device)
+        _DECODERS[key] = Decoder(target, draft, dtype=dtype, device=device, verifier=verifier)
     return _DECODERS[key].generate(
         prompt, method=method, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
-        max_new_tokens=max_new_tokens, seed=seed, chat_template=chat_template,
+        max_new_tokens=max_new_tokens, seed=seed, chat_template=chat_template, paths=paths, cap=cap, tau=tau,
     )

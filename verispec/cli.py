@@ -28,6 +28,10 @@ def _add_decode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=SamplingConfig.top_p, help="1 = off")
     parser.add_argument("--max-new-tokens", type=int, default=DecodeConfig.max_new_tokens)
     parser.add_argument("--seed", type=int, default=DecodeConfig.seed)
+    parser.add_argument("--paths", type=int, default=DecodeConfig.paths, help="K draft paths (multi-path methods)")
+    parser.add_argument("--verifier", default=None, help="SPRINTER: the learned verifier file")
+    parser.add_argument("--tau", type=float, default=DecodeConfig.tau, help="SPRINTER: verifier threshold")
+    parser.add_argument("--cap", type=int, default=DecodeConfig.cap, help="SPRINTER: longest draft run")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -35,10 +39,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from verispec.api import Decoder
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    decoder = Decoder(args.target, args.draft, dtype=args.dtype)
+    decoder = Decoder(args.target, args.draft, dtype=args.dtype, verifier=args.verifier)
     gen = decoder.generate(
         prompt, method=args.method, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed, chat_template=not args.no_chat_template,
+        paths=args.paths, cap=args.cap, tau=args.tau,
     )
     if args.json:
         print(json.dumps(gen.to_dict(), indent=2))
@@ -130,9 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results/compare.json", help="where to write the results JSON")
     p.set_defaults(func=cmd_compare)
 
-    from verispec.bench.cli import register
+    from verispec.bench.cli import register as register_bench
+    from verispec.learned.cli import register as register_verifier
 
-    register(sub)
+    register_bench(sub)
+    register_verifier(sub)
     return parser
 
 

@@ -6,7 +6,8 @@ sequence (tree attention), so one draft forward per depth serves all paths (ALGO
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -23,6 +24,8 @@ class DraftBlock:
     positions: list[list[int]]  # [K][γ'-1] draft-cache position of tokens[k][i] (the last token is never fed)
     forwards: int  # draft forward passes made
     fed: int  # tokens those passes processed
+    scores: list[float] = field(default_factory=list)  # [γ'] stop-rule scores of each drafted token (SPRINTER)
+    accepted_by_rule: list[bool] = field(default_factory=list)  # [γ'] the stop rule's decision on each token
 
     @property
     def length(self) -> int:
@@ -34,6 +37,18 @@ class DraftBlock:
         return torch.tensor(self.tokens, dtype=torch.long).view(len(self.tokens), self.length)
 
 
+class StopRule(Protocol):
+    """Decides, token by token, whether single-path drafting goes on (SPRINTER's learned verifier, §3.1)."""
+
+    def score(self, hidden: torch.Tensor, q_row: torch.Tensor, token: int, position: int) -> float:
+        """Return a score for the drafted `token` at 1-based `position` in the run."""
+        ...
+
+    def accepts(self, score: float) -> bool:
+        """Return whether drafting continues after a token with this score."""
+        ...
+
+
 def draft_paths(
     drafter: CausalLM | None,
     tokens: list[int],
@@ -43,39 +58,52 @@ def draft_paths(
     generator: torch.Generator,
     eos_token_ids: frozenset[int],
     vocab_size: int,
+    stop_rule: StopRule | None = None,
 ) -> DraftBlock:
     """Return `n_paths` i.i.d. draft paths of length ≤ `gamma` continuing `tokens`.
 
     Drafting stops early once every path holds an EOS: nothing after an EOS can be kept, and a rule that looks
-    only at drafted tokens keeps every verifier lossless (§1.4, "Variable γ").
+    only at drafted tokens keeps every verifier lossless (§1.4, "Variable γ"). With a `stop_rule` (one path
+    only), drafting also stops at the first token the rule rejects, scored on the hidden state that produced
+    its q (§3.1); that token ends the block.
     """
+    assert stop_rule is None or n_paths == 1, "a stop rule drafts a single path"
     paths: list[list[int]] = [[] for _ in range(n_paths)]
     positions: list[list[int]] = [[] for _ in range(n_paths)]
     if drafter is None or gamma == 0:
         return DraftBlock(paths, torch.empty(n_paths, 0, vocab_size, dtype=torch.float64), positions, 0, 0)
     new = tokens[drafter.cache_length :]  # the committed tokens the draft cache lacks (at least one)
-    q_root = process_logits(drafter.forward(new, n_logits=1).logits, sampling)  # [1, V]
+    out = drafter.forward(new, n_logits=1, return_hidden=stop_rule is not None)
+    q_root = process_logits(out.logits, sampling)  # [1, V]
     forwards, fed = 1, len(new)
     rows = [q_root.expand(n_paths, -1)]  # [K, V] per depth
     for path in paths:
         path.append(sample(q_root[0], generator))
-    for _depth in range(1, gamma):
+    scores: list[float] = []
+    if stop_rule is not None:
+        scores.append(stop_rule.score(out.hidden[0], q_root[0], paths[0][0], 1))
+    for depth in range(1, gamma):
         if all(any(t in eos_token_ids for t in path) for path in paths):
+            break
+        if stop_rule is not None and not stop_rule.accepts(scores[-1]):
             break
         start = drafter.cache_length
         last = [path[-1] for path in paths]
         if n_paths == 1:
-            logits = drafter.forward(last, n_logits=1).logits  # [1, V]
+            out = drafter.forward(last, n_logits=1, return_hidden=stop_rule is not None)  # [1, V]
         else:
             parents = [pos[-1] if pos else start - 1 for pos in positions]  # the previous token of each path
-            logits = drafter.forward(last, n_logits=n_paths, parents=parents).logits  # [K, V]
+            out = drafter.forward(last, n_logits=n_paths, parents=parents)  # [K, V]
         forwards, fed = forwards + 1, fed + n_paths
-        q_depth = process_logits(logits, sampling)  # [K, V]
+        q_depth = process_logits(out.logits, sampling)  # [K, V]
         for k, path in enumerate(paths):
             positions[k].append(start + k)
             path.append(sample(q_depth[k], generator))
         rows.append(q_depth)
-    return DraftBlock(paths, torch.stack(rows, dim=1), positions, forwards, fed)  # q: [K, γ', V]
+        if stop_rule is not None:
+            scores.append(stop_rule.score(out.hidden[0], q_depth[0], paths[0][-1], depth + 1))
+    decisions = [stop_rule.accepts(score) for score in scores] if stop_rule is not None else []
+    return DraftBlock(paths, torch.stack(rows, dim=1), positions, forwards, fed, scores, decisions)
 
 
 @dataclass

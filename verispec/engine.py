@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verispec.drafting import draft_paths, merge_paths
+from verispec.drafting import StopRule, draft_paths, merge_paths
 from verispec.errors import ConfigError
 from verispec.methods import Method, MultiPathResult, get_method
 from verispec.models.protocol import CausalLM
@@ -31,6 +31,8 @@ class DecodeConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: int = 0  # seeds the one torch.Generator used for every draw of the decode
     paths: int = 1  # K: i.i.d. draft paths per round (multi-path methods only)
+    cap: int = 20  # SPRINTER: the longest draft run before the target is called (§3.1)
+    tau: float | None = None  # SPRINTER: the verifier's acceptance threshold; None = the one stored in its file
 
     def __post_init__(self) -> None:
         get_method(self.method)
@@ -40,6 +42,10 @@ class DecodeConfig:
             raise ConfigError(f"paths (K) must be an integer >= 1, got {self.paths!r}")
         if self.paths > 1 and not get_method(self.method).multipath:
             raise ConfigError(f"method {self.method!r} verifies a single path; paths must be 1, got {self.paths}")
+        if not isinstance(self.cap, int) or isinstance(self.cap, bool) or self.cap < 1:
+            raise ConfigError(f"cap (the longest SPRINTER draft run) must be an integer >= 1, got {self.cap!r}")
+        if self.tau is not None and not (isinstance(self.tau, (int, float)) and 0.0 <= self.tau <= 1.0):
+            raise ConfigError(f"tau (the verifier threshold) must be in [0, 1], got {self.tau!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if not isinstance(self.seed, int):
@@ -58,10 +64,17 @@ class DecodeOutput:
 class Engine:
     """Owns a target and an optional draft model and decodes with any registered method."""
 
-    def __init__(self, target: CausalLM | None, draft: CausalLM | None = None, eos_token_ids: Iterable[int] = ()):
+    def __init__(
+        self,
+        target: CausalLM | None,
+        draft: CausalLM | None = None,
+        eos_token_ids: Iterable[int] = (),
+        verifier: StopRule | None = None,
+    ):
         self.target = target
         self.draft = draft
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.verifier = verifier  # SPRINTER's learned verifier (a `verispec.learned.LearnedVerifier`)
 
     def _models_for(self, config: DecodeConfig) -> tuple[CausalLM, CausalLM | None]:
         method = get_method(config.method)
@@ -70,6 +83,8 @@ class Engine:
             raise ConfigError(f"method {method.name!r} needs a {method.decoder} model, and none is loaded")
         if method.speculative and self.draft is None:
             raise ConfigError(f"method {method.name!r} needs a draft model, and none is loaded")
+        if method.learned_stop and self.verifier is None:
+            raise ConfigError(f"method {method.name!r} needs a learned verifier file (verifier=... / --verifier)")
         return decoder, (self.draft if method.speculative else None)
 
     def decode(self, prompt_ids: Sequence[int], config: DecodeConfig) -> DecodeOutput:
@@ -78,6 +93,9 @@ class Engine:
             raise ConfigError("the prompt is empty: give at least one token")
         method = get_method(config.method)
         decoder, drafter = self._models_for(config)
+        stop_rule = None
+        if method.learned_stop:
+            stop_rule = self.verifier if config.tau is None else self.verifier.with_threshold(config.tau)
         generator = torch.Generator().manual_seed(config.seed)
         trace = Trace(prefill_tokens=len(prompt_ids))
         decoder_is_draft = method.decoder == "draft"
@@ -93,13 +111,14 @@ class Engine:
             remaining = config.max_new_tokens - (len(tokens) - n_prompt)
             # A round emits at most gamma+1 tokens: never draft what cannot be kept (a rule on counts only,
             # so it keeps the method lossless, ALGORITHMS.md §1.4 "Variable γ").
-            gamma = min(config.gamma, remaining - 1) if drafter is not None else 0
+            length = config.cap if method.learned_stop else config.gamma
+            gamma = min(length, remaining - 1) if drafter is not None else 0
 
             # 1. Draft: K paths of up to gamma tokens from q.
             t0 = time.perf_counter()
             block = draft_paths(
                 drafter, tokens, config.paths, gamma, config.sampling, generator, self.eos_token_ids,
-                decoder.vocab_size,
+                decoder.vocab_size, stop_rule,
             )
             t1 = time.perf_counter()
             trace.draft_calls += block.forwards
@@ -138,12 +157,19 @@ class Engine:
                     break
             emitted = emitted[:remaining]
             tokens.extend(emitted)
-            trace.rounds.append(
-                RoundTrace(
-                    block.length, result.accepted, len(emitted), fed, t1 - t0, t2 - t1, t3 - t2,
-                    paths=config.paths, tree_nodes=len(tree.tokens),
-                )
+            round_trace = RoundTrace(
+                block.length, result.accepted, len(emitted), fed, t1 - t0, t2 - t1, t3 - t2,
+                paths=config.paths, tree_nodes=len(tree.tokens),
             )
+            if stop_rule is not None:
+                # The target pass covers every drafted token, so whether each one was acceptable (q(x) ≤ p(x),
+                # λ = 1) is known for free: η_FP and η_TP are measured online at the deployed threshold (§3.8).
+                index = block.as_tensor()[0].view(-1, 1)
+                p_x, q_x = p[0, :-1].gather(1, index).view(-1), block.q[0].gather(1, index).view(-1)
+                round_trace.verifier_scores = block.scores
+                round_trace.verifier_accepts = block.accepted_by_rule
+                round_trace.acceptable = (q_x <= p_x).tolist()
+            trace.rounds.append(round_trace)
             trace.time_draft += t1 - t0 + (t2 - t1 if decoder_is_draft else 0.0)
             trace.time_target += 0.0 if decoder_is_draft else t2 - t1
             trace.time_verify += t3 - t2

@@ -15,3 +15,7 @@ class ModelFilesError(VerispecError, FileNotFoundError):
 
 class IncompatibleModelsError(VerispecError, ValueError):
     """Draft and target cannot be paired (different vocabularies or tokenizers)."""
+
+
+class VerifierFileError(VerispecError, ValueError):
+    """A verifier (or verifier training data) file is missing, corrupt, incomplete, or made for another draft."""

@@ -13,18 +13,21 @@ from typing import Any
 import torch
 
 from verispec.errors import ConfigError
-from verispec.verify import token_verify
+from verispec.verify import (
+    MultiPathResult,
+    block_verify,
+    gbv_verify,
+    nss_verify,
+    specinfer_verify,
+    spectr_verify,
+    sprinter_verify,
+    token_verify,
+    traversal_verify,
+)
+
+__all__ = ["METHODS", "Method", "MultiPathResult", "get_method"]
 
 Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator | None], Any]
-
-
-@dataclass(frozen=True)
-class MultiPathResult:
-    """The outcome of verifying K draft paths: the prefix of path `path` of length `accepted`, then `token`."""
-
-    path: int
-    accepted: int
-    token: int
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class Method:
     verify: Verifier  # how a proposed block is checked against the decoder's distributions
     lossless: bool  # whether the output law equals the target's
     multipath: bool = False  # verify takes K paths ([K, γ], [K, γ, V], [K, γ+1, V]) and returns MultiPathResult
+    learned_stop: bool = False  # the draft run ends at the learned verifier's first rejection or at the cap (§3.1)
 
 
 METHODS: dict[str, Method] = {
@@ -48,6 +52,22 @@ METHODS: dict[str, Method] = {
                token_verify, False),
         Method("sd", "speculative sampling: token-level verification (ALGORITHMS.md §0)", "target", True,
                token_verify, True),
+        Method("bv", "block verification: a joint accept rule over the whole block (§1)", "target", True,
+               block_verify, True),
+        Method("gbv", "greedy multi-path block verification over K i.i.d. paths (§2)", "target", True,
+               gbv_verify, True, multipath=True),
+        Method("specinfer", "multi-path recursive rejection sampling (SpecInfer, §2.9)", "target", True,
+               specinfer_verify, True, multipath=True),
+        Method("spectr", "multi-path K-SEQ optimal-transport verification (SpecTr, §2.9)", "target", True,
+               spectr_verify, True, multipath=True),
+        Method("nss", "multi-path naive speculative sampling: a token from p, kept if some child matches (§2.9)",
+               "target", True, nss_verify, True, multipath=True),
+        Method("traversal", "traversal verification of the path tree, leaves first (§2.9)", "target", True,
+               traversal_verify, True, multipath=True),
+        Method("sprinter", "SPRINTER: a learned verifier ends the draft run; only its last token is checked "
+               "(§3.1; approximate)", "target", True, sprinter_verify, False, learned_stop=True),
+        Method("sprinter-exact", "SPRINTER's learned run length with every token verified by TV (lossless; "
+               "a deviation from the paper)", "target", True, token_verify, True, learned_stop=True),
     )
 }
 

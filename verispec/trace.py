@@ -18,6 +18,9 @@ class RoundTrace:
     time_verify: float = 0.0  # seconds verifying this round
     paths: int = 1  # K draft paths (multi-path methods)
     tree_nodes: int = 0  # distinct draft tokens in the tree the decoding pass verified (= drafted when K = 1)
+    verifier_scores: list[float] = field(default_factory=list)  # SPRINTER: learned-verifier score of each token
+    verifier_accepts: list[bool] = field(default_factory=list)  # SPRINTER: its decision on each token
+    acceptable: list[bool] = field(default_factory=list)  # SPRINTER: q(x) ≤ p(x) for each token (from the target)
 
 
 @dataclass
@@ -61,6 +64,23 @@ class Trace:
         """Return the mean accepted length τ per round (None without rounds)."""
         return sum(r.accepted for r in self.rounds) / len(self.rounds) if self.rounds else None
 
+    def verifier_rates(self) -> dict[str, float | int | None]:
+        """Return the learned verifier's online operating point over all drafted tokens (SPRINTER methods).
+
+        eta_fp = P(verifier accepts | token unacceptable), eta_tp = P(verifier accepts | token acceptable),
+        acceptable meaning q(x) ≤ p(x) under the target pass of the same round.
+        """
+        pairs = [(a, ok) for r in self.rounds for a, ok in zip(r.verifier_accepts, r.acceptable, strict=True)]
+        bad = [a for a, ok in pairs if not ok]
+        good = [a for a, ok in pairs if ok]
+        return {
+            "tokens": len(pairs),
+            "acceptable": len(good),
+            "eta_fp": sum(bad) / len(bad) if bad else None,
+            "eta_tp": sum(good) / len(good) if good else None,
+            "mean_run_length": sum(r.drafted for r in self.rounds) / len(self.rounds) if self.rounds else None,
+        }
+
     def to_dict(self) -> dict:
         """Return the whole trace, with its derived metrics, as a JSON-able dict."""
         data = asdict(self)
@@ -72,4 +92,6 @@ class Trace:
             mean_accepted=self.mean_accepted,
             seconds_per_token=self.time_total / self.generated if self.generated else None,
         )
+        if any(r.verifier_accepts for r in self.rounds):
+            data["verifier_rates"] = self.verifier_rates()
         return data

@@ -2,48 +2,16 @@
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from itertools import product
+from collections import Counter
 
 import pytest
 import torch
 
 import verispec.verify.common as common
 from tests.stats import FALSE_ALARM, chi_square_pvalue, max_abs_diff, target_law
+from tests.verify.exact import block_inputs, speculative_law
 from verispec.models.tabular import TabularLM
 from verispec.verify import VerifyResult, draw, token_verify, token_verify_law
-
-
-def block_inputs(target: TabularLM, draft: TabularLM, context: list[int], block: tuple[int, ...]):
-    """Return (draft_tokens [γ], q [γ, V], p [γ+1, V]) for a draft block after `context`."""
-    prefixes = [context + list(block[:i]) for i in range(len(block) + 1)]
-    q = torch.stack([draft.conditional(pre) for pre in prefixes[:-1]]) if block else torch.empty(0, draft.vocab_size)
-    p = torch.stack([target.conditional(pre) for pre in prefixes])
-    return torch.tensor(block, dtype=torch.long), q.to(torch.float64), p
-
-
-def speculative_law(law_fn, target, draft, context: list[int], gamma: int, n: int) -> dict:
-    """Return the exact law of the first `n` tokens output by rounds of `law_fn`, enumerating every draft block.
-
-    Each round drafts min(gamma, n-1) tokens, as the engine does near max_new_tokens.
-    """
-    if n == 0:
-        return {(): 1.0}
-    law: dict = defaultdict(float)
-    g = min(gamma, n - 1)
-    for block in product(range(target.vocab_size), repeat=g):
-        draft_prob = draft.sequence_prob(context, block)
-        joint = law_fn(*block_inputs(target, draft, context, block)).joint()  # [g+1, V]
-        for tau, y in product(range(g + 1), range(target.vocab_size)):
-            prob = draft_prob * float(joint[tau, y])
-            if prob == 0.0:
-                continue
-            emitted = tuple(block[:tau]) + (y,)
-            rest = speculative_law(law_fn, target, draft, context + list(emitted), gamma, n - len(emitted))
-            for tail, tail_prob in rest.items():
-                law[emitted + tail] += prob * tail_prob
-    return law
-
 
 CASES = [(4, 1), (4, 2), (3, 3)]  # (V, γ): the law of γ+1 tokens; V = 3 at γ = 3 keeps enumeration quick
 

@@ -1,9 +1,95 @@
-"""Subcommands of the benchmark harness, registered into the `verispec` parser."""
+"""Subcommands of the benchmark harness, registered into the `verispec` parser: `bench` and `report`.
+
+They parse into `BenchConfig` (whose defaults they read, never restate) and call one library function each.
+"""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
+
+
+def _optional_int(text: str) -> int | None:
+    return None if text.lower() == "none" else int(text)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark; print the table and write the results JSON (and the report with --report)."""
+    from verispec.bench.report import FULL_COLUMNS, format_table, write_report
+    from verispec.bench.runner import BenchConfig, run_bench
+
+    config = BenchConfig(**{f.name: getattr(args, f.name) for f in fields(BenchConfig)})
+    result = run_bench(config, args.out, progress=not args.no_progress)
+    n = len({r["prompt_index"] for r in result["records"]})
+    print(f"\n{n} prompts from {config.prompts}, up to {config.max_new_tokens} new tokens, gamma={config.gamma}, "
+          f"temperature={config.temperature}, {config.dtype} on {config.device}; baseline {config.baseline_method}")
+    print(format_table(result["aggregate"], FULL_COLUMNS))
+    print(f"\nresults: {args.out}")
+    if args.report:
+        _, markdown_path, plot_path = write_report(args.out)
+        print(f"report: {markdown_path}\nplot: {plot_path}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Render a results JSON as a markdown table (printed and written) and a speedup plot (PNG)."""
+    from verispec.bench.report import write_report
+
+    markdown, markdown_path, plot_path = write_report(args.results, args.markdown, args.plot)
+    print(markdown)
+    print(f"report: {markdown_path}\nplot: {plot_path}")
+    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the benchmark subcommands to the `verispec` command's subparsers."""
+    from verispec.bench.peers import PEERS
+    from verispec.bench.runner import DEFAULT_OUT, BenchConfig
+    from verispec.methods import METHODS
+
+    d = BenchConfig()  # the defaults, read once
+    p = sub.add_parser("bench", help="benchmark methods and peers on a prompt set: results JSON, table, report")
+    g = p.add_argument_group("prompts")
+    g.add_argument("--prompts", default=d.prompts,
+                   help="builtin | mt-bench | humaneval | spec-bench:PATH | a .jsonl (Spec-Bench or plain) or "
+                        ".txt file (default: %(default)s)")
+    g.add_argument("--category", nargs="+", default=d.category, help="keep only these categories (default: all)")
+    g.add_argument("--limit", type=_optional_int, default=d.limit,
+                   help="number of prompts (default: %(default)s = all)")
+    g.add_argument("--offset", type=int, default=d.offset, help="skip this many prompts first (default: %(default)s)")
+    g.add_argument("--subset-seed", type=_optional_int, default=d.subset_seed,
+                   help="shuffle prompts with this seed before offset/limit (default: %(default)s = file order)")
+    g = p.add_argument_group("methods")
+    g.add_argument("--methods", nargs="+", default=d.methods,
+                   help=f"run in this order on each prompt; from {', '.join([*METHODS, *PEERS])} "
+                        "(default: %(default)s)")
+    g.add_argument("--baseline", default=d.baseline, help="speedups are against it (default: ar if run, else first)")
+    g.add_argument("--gamma", type=int, default=d.gamma, help="draft tokens per round (default: %(default)s)")
+    g.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy (default: %(default)s)")
+    g.add_argument("--top-k", type=int, default=d.top_k, help="0 = off (default: %(default)s)")
+    g.add_argument("--top-p", type=float, default=d.top_p, help="1 = off (default: %(default)s)")
+    g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="(default: %(default)s)")
+    g.add_argument("--seed", type=int, default=d.seed, help="prompt i is decoded with seed + i (default: %(default)s)")
+    g.add_argument("--no-chat-template", dest="chat_template", action="store_false", default=d.chat_template,
+                   help="feed prompts as raw text")
+    g = p.add_argument_group("models")
+    g.add_argument("--target", default=d.target, help="hub id, folder or .gguf file (default: embedded)")
+    g.add_argument("--draft", default=d.draft, help="hub id, folder or .gguf file (default: embedded)")
+    g.add_argument("--dtype", default=d.dtype, help="float32 | bfloat16 | float16 | float64 (default: %(default)s)")
+    g.add_argument("--device", default=d.device, help="torch device (default: %(default)s)")
+    g = p.add_argument_group("measurement and output")
+    g.add_argument("--warmup-tokens", type=int, default=d.warmup_tokens,
+                   help="tokens of the excluded warm-up decode per method (default: %(default)s)")
+    g.add_argument("--bootstrap-resamples", type=int, default=d.bootstrap_resamples,
+                   help="resamples for the speedup's 95%% interval (default: %(default)s)")
+    g.add_argument("--bootstrap-seed", type=int, default=d.bootstrap_seed, help="(default: %(default)s)")
+    g.add_argument("--out", default=DEFAULT_OUT, help="results JSON (default: %(default)s)")
+    g.add_argument("--report", action="store_true", help="also write the markdown report and the speedup plot")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("report", help="render a bench results JSON: markdown table and speedup plot (PNG)")
+    p.add_argument("results", help="a results JSON written by `verispec bench` or `verispec compare`")
+    p.add_argument("--markdown", default=None, help="where to write the markdown (default: RESULTS.md)")
+    p.add_argument("--plot", default=None, help="where to write the plot (default: RESULTS_speedup.png)")
+    p.set_defaults(func=cmd_report)

@@ -9,13 +9,51 @@ Glossary (ALGORITHMS.md §0; p = target, q = draft, always):
   `VerifyResult.token` is whichever of the two the round produced, so every round emits τ + 1 tokens.
 - **round**: one draft block + one target pass + one verification.
 - **block efficiency**: tokens committed per target forward pass, E[τ] + 1 for single-path methods.
+- **multi-path round** (§2.1): K i.i.d. draft paths `[K, γ]`, merged into a prefix tree; `MultiPathResult` names a
+  path whose first τ tokens are kept, then the correction or bonus token, so it too emits τ + 1 tokens. Its law is
+  (selected path, BlockLaw) for GBV, {MultiPathResult: probability} for the tree walks and traversal.
 
 Every verifier here is a pure function of tensors (draft tokens, q, p, a torch.Generator): no models, no caches.
 Each one first computes its exact output law (`BlockLaw`: P(τ = i) and the residual at each i), then draws one
 outcome from it; the law is what the exact-enumeration tests check, and the draw is shared by all verifiers.
 """
 
+from verispec.verify.approximate import sprinter_verify, sprinter_verify_law
+from verispec.verify.block import block_verify, block_verify_law
 from verispec.verify.common import BlockLaw, VerifyResult, draw
+from verispec.verify.multipath import (
+    NODE_LAWS,
+    gbv_verify,
+    gbv_verify_law,
+    nss_verify,
+    specinfer_verify,
+    spectr_verify,
+    tree_walk_law,
+)
 from verispec.verify.token import token_verify, token_verify_law
+from verispec.verify.traversal import traversal_verify, traversal_verify_law
+from verispec.verify.tree import MultiPathResult, build_prefix_tree, draw_outcome
 
-__all__ = ["BlockLaw", "VerifyResult", "draw", "token_verify", "token_verify_law"]
+__all__ = [
+    "NODE_LAWS",
+    "BlockLaw",
+    "MultiPathResult",
+    "VerifyResult",
+    "block_verify",
+    "block_verify_law",
+    "build_prefix_tree",
+    "draw",
+    "draw_outcome",
+    "gbv_verify",
+    "gbv_verify_law",
+    "nss_verify",
+    "specinfer_verify",
+    "spectr_verify",
+    "sprinter_verify",
+    "sprinter_verify_law",
+    "token_verify",
+    "token_verify_law",
+    "traversal_verify",
+    "traversal_verify_law",
+    "tree_walk_law",
+]

@@ -1,0 +1,113 @@
+"""Benchmark metrics against hand-computed values on hand-built records."""
+
+from __future__ import annotations
+
+import pytest
+
+from verispec.bench.metrics import (
+    alpha_estimate,
+    bootstrap_speedup,
+    measured_costs,
+    one_token_target_seconds,
+    summarize,
+    theoretical_speedup,
+)
+
+
+def rnd(drafted, accepted, emitted, fed, time_draft=0.0, time_decode=0.0):
+    return dict(drafted=drafted, accepted=accepted, emitted=emitted, fed=fed, time_draft=time_draft,
+                time_decode=time_decode, time_verify=0.0)
+
+
+def record(method, index, seconds, rounds, draft_calls=0, tokens=None):
+    generated = sum(r["emitted"] for r in rounds)
+    trace = dict(rounds=rounds, generated=generated, time_total=seconds, target_calls=len(rounds),
+                 draft_calls=draft_calls)
+    return dict(method=method, prompt_index=index, tokens=tokens or list(range(generated)), trace=trace)
+
+
+# ar: a 10-token prefill round (excluded from t1), then 1-token forwards of 10 ms and 12 ms: t1 = 11 ms.
+AR = [record("ar", 0, 0.6, [rnd(0, 0, 1, 10, 0, 0.5), rnd(0, 0, 1, 1, 0, 0.010), rnd(0, 0, 1, 1, 0, 0.012)])]
+# sd, γ = 4: first round (prefill) excluded from the costs; then 3 rounds, two of them full blocks (fed 5).
+SD = [record("sd", 0, 0.2, [
+    rnd(4, 4, 5, 14, 0.100, 0.400),
+    rnd(4, 2, 3, 5, 0.044, 0.0132),
+    rnd(4, 0, 1, 5, 0.044, 0.0154),
+    rnd(2, 2, 3, 3, 0.022, 0.0120),
+], draft_calls=14)]
+
+
+def test_alpha_counts_one_rejection_per_cut_round():
+    # accepted 4+2+0+2 = 8; rejections in rounds 2 and 3: α = 8 / 10.
+    assert alpha_estimate(SD) == pytest.approx(0.8)
+    assert alpha_estimate(AR) is None
+
+
+def test_one_token_target_time_excludes_prefill_and_blocks():
+    assert one_token_target_seconds(AR) == pytest.approx(0.011)
+    assert one_token_target_seconds(SD) is None
+
+
+def test_measured_costs_relative_to_one_token_forward():
+    c, f = measured_costs(SD, gamma=4, t1=0.011)
+    # draft: (0.044 + 0.044 + 0.022) s over 10 drafted tokens = 11 ms per token = 1.0 t1.
+    assert c == pytest.approx(1.0)
+    # blocks of γ+1 = 5 tokens: mean(13.2, 15.4) ms = 14.3 ms = 1.3 t1 (the 3-token round is not a full block).
+    assert f == pytest.approx(1.3)
+    assert measured_costs(SD, gamma=4, t1=None) == (None, None)
+
+
+def test_theoretical_speedup_formula():
+    # (1 - 0.8^5) / ((1 - 0.8)(4 * 0.1 + 1.2)) = 0.67232 / 0.32
+    assert theoretical_speedup(0.8, 4, 0.1, 1.2) == pytest.approx(0.67232 / 0.32)
+    assert theoretical_speedup(1.0, 4, 0.1, 1.0) == pytest.approx(5 / 1.4)  # α = 1: γ+1 tokens per round
+    assert theoretical_speedup(0.0, 4, 0.0, 1.0) == pytest.approx(1.0)  # nothing accepted, free draft: AR
+    assert theoretical_speedup(None, 4, 0.1, 1.0) is None
+
+
+def test_summarize_single_prompt_rows():
+    rows = {r["method"]: r for r in summarize(AR + SD, ["ar", "sd"], gamma=4)}
+    ar, sd = rows["ar"], rows["sd"]
+    assert ar["tokens"] == 3 and ar["seconds_per_token"] == pytest.approx(0.2) and ar["speedup"] == 1.0
+    assert sd["tokens"] == 12 and sd["tokens_per_target_call"] == pytest.approx(3.0)
+    assert sd["speedup"] == pytest.approx((0.6 / 3) / (0.2 / 12))
+    assert sd["acceptance_rate"] == pytest.approx(8 / 14)
+    assert sd["alpha"] == pytest.approx(0.8)
+    assert sd["mean_accepted"] == pytest.approx(2.0)
+    assert sd["target_calls_per_token"] == pytest.approx(4 / 12)
+    assert sd["draft_calls_per_token"] == pytest.approx(14 / 12)
+    assert sd["cost_draft_c"] == pytest.approx(1.0) and sd["cost_block_f"] == pytest.approx(1.3)
+    assert sd["theoretical_speedup"] == pytest.approx((1 - 0.8**5) / (0.2 * (4 * 1.0 + 1.3)))
+    assert ar["acceptance_rate"] is None and ar["theoretical_speedup"] is None
+    assert sd["speedup_ci95"] is None  # one prompt: no interval
+    assert sd["same_tokens_as_baseline"] == 0.0 and ar["same_tokens_as_baseline"] == 1.0
+
+
+def _pair(index, base_seconds, seconds, tokens=10):
+    rounds = [rnd(0, 0, 1, 1)] * tokens
+    return [record("ar", index, base_seconds, rounds), record("sd", index, seconds, rounds)]
+
+
+def test_speedup_is_a_ratio_of_totals_and_constant_ratios_give_a_point_interval():
+    records = [r for i in range(5) for r in _pair(i, 1.0 + i, (1.0 + i) / 2)]
+    sd = summarize(records, ["ar", "sd"])[1]
+    assert sd["speedup"] == pytest.approx(2.0)
+    assert sd["speedup_ci95"] == pytest.approx((2.0, 2.0))
+    assert sd["same_tokens_as_baseline"] == 1.0
+
+
+def test_bootstrap_interval_is_seeded_and_brackets_the_spread():
+    base = [(1.0, 10)] * 6
+    mine = [(0.5, 10), (0.25, 10), (1.0, 10), (0.5, 10), (0.4, 10), (0.8, 10)]  # per-prompt speedups 4 ... 1
+    lo, hi = bootstrap_speedup(base, mine, resamples=4000, seed=3)
+    point = 6.0 / sum(s for s, _ in mine)
+    assert 1.0 < lo < point < hi < 4.0
+    assert bootstrap_speedup(base, mine, 4000, 3) == (lo, hi)
+    assert bootstrap_speedup(base, mine, 4000, 4) != (lo, hi)
+    assert bootstrap_speedup(base[:1], mine[:1], 4000, 3) is None
+
+
+def test_speedup_uses_only_prompts_both_methods_decoded():
+    records = _pair(0, 1.0, 0.5) + _pair(1, 1.0, 0.25)[:1]  # sd missing on prompt 1
+    sd = summarize(records, ["ar", "sd"])[1]
+    assert sd["speedup"] == pytest.approx(2.0)

@@ -1,0 +1,71 @@
+"""Reports: a markdown table from a results file, and a speedup plot written as a PNG."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from verispec.bench.metrics import summarize
+from verispec.bench.report import FULL_COLUMNS, format_table, write_report
+from verispec.bench.runner import BenchConfig
+from verispec.cli import main
+from verispec.errors import ConfigError
+
+
+def _record(method, index, seconds, drafted=0, accepted=0, tokens=8):
+    rounds = [dict(drafted=drafted, accepted=accepted, emitted=accepted + 1, fed=drafted + 1, time_draft=0.001,
+                   time_decode=0.01, time_verify=0.0) for _ in range(tokens // (accepted + 1))]
+    generated = sum(r["emitted"] for r in rounds)
+    trace = dict(rounds=rounds, generated=generated, time_total=seconds, target_calls=len(rounds),
+                 draft_calls=drafted * len(rounds))
+    return dict(method=method, prompt_index=index, prompt_id=str(index), tokens=list(range(generated)), trace=trace)
+
+
+@pytest.fixture()
+def results_file(tmp_path):
+    records = [r for i in range(4) for r in (_record("ar", i, 1.0 + 0.1 * i), _record("sd", i, 0.5, 4, 3))]
+    config = BenchConfig(methods=["ar", "sd"], gamma=4)
+    results = {
+        "schema": "verispec.bench/1", "config": asdict(config), "started": "2026-01-01T00:00:00",
+        "machine": {"platform": "TestOS", "processor": "x86_64", "cpu_threads": 2, "torch": "2", "transformers": "5"},
+        "git_commit": "0123456789abcdef", "git_dirty": False,
+        "aggregate": summarize(records, config.methods, "ar", config.gamma, 500, 0), "records": records,
+    }
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    return path, results
+
+
+def test_report_writes_markdown_table_and_png(results_file):
+    path, results = results_file
+    markdown, md_path, png_path = write_report(path)
+    assert md_path == path.with_suffix(".md") and md_path.read_text().startswith(markdown)
+    assert format_table(results["aggregate"], FULL_COLUMNS) in markdown
+    sd_row = next(line for line in markdown.splitlines() if line.startswith("| sd |"))
+    assert "| 4 | 32 |" in sd_row and "| 0.750 |" in sd_row  # 4 prompts, 32 tokens, acceptance 3/4
+    speedup = results["aggregate"][1]["speedup"]
+    assert f"| {speedup:.2f}x |" in sd_row
+    assert "4 prompts from `builtin`" in markdown and "commit 0123456789ab" in markdown
+    data = png_path.read_bytes()
+    assert png_path.name == "results_speedup.png" and data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+    assert "![speedup](results_speedup.png)" in md_path.read_text()
+
+
+def test_report_cli_prints_the_table_and_takes_paths(results_file, tmp_path, capsys):
+    path, _ = results_file
+    assert main(["report", str(path), "--markdown", str(tmp_path / "r" / "x.md"), "--plot",
+                 str(tmp_path / "p" / "x.png")]) == 0
+    out = capsys.readouterr().out
+    assert "| method | prompts | tokens | ms/token | speedup | 95% CI |" in out
+    assert (tmp_path / "r" / "x.md").is_file() and (tmp_path / "p" / "x.png").is_file()
+
+
+def test_report_rejects_a_file_that_is_not_results(tmp_path, capsys):
+    path = tmp_path / "other.json"
+    path.write_text('{"a": 1}')
+    with pytest.raises(ConfigError, match="not a verispec bench results file"):
+        write_report(path)
+    assert main(["report", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read results file" in capsys.readouterr().err

@@ -1,0 +1,125 @@
+"""The runner: methods interleaved prompt by prompt, warm-up excluded, one JSON with everything; the CLI presets."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+
+import pytest
+
+from verispec import Decoder
+from verispec.bench import runner
+from verispec.bench.compare import CompareConfig, run_compare
+from verispec.bench.datasets import Prompt
+from verispec.bench.runner import SCHEMA, BenchConfig, run_bench
+from verispec.cli import build_parser, main
+from verispec.errors import ConfigError
+
+PROMPTS = [Prompt("a", "def add(a, b):", "code"), Prompt("b", "hello there", "chat"), Prompt("c", "one two three")]
+METHODS = ["ar", "sd", "hf-assisted"]
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_pair):
+    return Decoder(tiny_pair["target"], tiny_pair["partial"])
+
+
+@pytest.fixture(scope="module")
+def calls_and_result(decoder, tmp_path_factory):
+    """Run the bench once, logging every decode the runner makes."""
+    calls = []
+    original = runner.decode_one
+
+    def logged(decoder, config, method, prompt, index, max_new_tokens=None):
+        calls.append((method, prompt.id, max_new_tokens))
+        return original(decoder, config, method, prompt, index, max_new_tokens)
+
+    out = tmp_path_factory.mktemp("bench") / "sub" / "results.json"
+    config = BenchConfig(methods=METHODS, max_new_tokens=10, gamma=3, warmup_tokens=2, bootstrap_resamples=200)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "decode_one", logged)
+        result = run_bench(config, out, decoder=decoder, prompts=PROMPTS, progress=False)
+    return config, calls, result, out
+
+
+def test_warm_up_first_then_methods_interleaved_prompt_by_prompt(calls_and_result):
+    config, calls, result, _ = calls_and_result
+    assert calls[:3] == [(m, "a", 2) for m in METHODS]  # one short warm-up per method, excluded from the records
+    assert calls[3:] == [(m, p.id, None) for p in PROMPTS for m in METHODS]
+    records = result["records"]
+    assert [(r["prompt_id"], r["method"]) for r in records] == [(p.id, m) for p in PROMPTS for m in METHODS]
+    assert [r["order"] for r in records] == list(range(9))
+
+
+def test_results_json_schema(calls_and_result):
+    config, _, result, out = calls_and_result
+    on_disk = json.loads(out.read_text())
+    assert on_disk == json.loads(json.dumps(result))
+    assert set(on_disk) == {"schema", "config", "machine", "versions", "git_commit", "git_dirty", "started",
+                            "wall_seconds", "aggregate", "records"}
+    assert on_disk["schema"] == SCHEMA and on_disk["config"] == asdict(config)
+    assert {"platform", "processor", "cpu_threads", "torch", "transformers"} <= set(on_disk["machine"])
+    assert {"python", "verispec", "torch", "transformers"} <= set(on_disk["versions"])
+    record = on_disk["records"][1]
+    assert {"prompt_index", "prompt_id", "category", "prompt", "method", "text", "tokens", "trace", "config"} <= set(
+        record)
+    assert record["category"] == "code" and record["trace"]["generated"] == len(record["tokens"])
+    assert [row["method"] for row in on_disk["aggregate"]] == METHODS
+
+
+def test_greedy_methods_agree_and_speculative_ones_are_traced(calls_and_result):
+    _, _, result, _ = calls_and_result
+    rows = {row["method"]: row for row in result["aggregate"]}
+    assert rows["ar"]["speedup"] == 1.0
+    for method in ("sd", "hf-assisted"):
+        assert rows[method]["same_tokens_as_baseline"] == 1.0  # lossless at temperature 0
+        assert rows[method]["tokens_per_target_call"] > 1.0 and rows[method]["acceptance_rate"] is not None
+        assert rows[method]["speedup"] > 0 and len(rows[method]["speedup_ci95"]) == 2
+    assert rows["sd"]["tokens_per_target_call"] == pytest.approx(rows["hf-assisted"]["tokens_per_target_call"])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"methods": ["ar", "beam"]}, "unknown method"),
+    ({"methods": ["ar", "ar"]}, "twice"),
+    ({"methods": ["sd"], "baseline": "ar"}, "baseline"),
+    ({"gamma": 0}, "gamma"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"warmup_tokens": -1}, "warmup_tokens"),
+])
+def test_bad_config_is_a_config_error(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        BenchConfig(**kwargs)
+
+
+def test_baseline_defaults_to_ar_else_first():
+    assert BenchConfig(methods=["sd", "ar"]).baseline_method == "ar"
+    assert BenchConfig(methods=["sd", "hf-assisted"]).baseline_method == "sd"
+
+
+def test_cli_bench_defaults_come_from_the_dataclass():
+    args = build_parser().parse_args(["bench"])
+    assert BenchConfig(**{f.name: getattr(args, f.name) for f in fields(BenchConfig)}) == BenchConfig()
+    args = build_parser().parse_args(["bench", "--prompts", "mt-bench", "--category", "coding", "math", "--limit",
+                                      "5", "--subset-seed", "3", "--no-chat-template", "--methods", "ar", "sd"])
+    assert (args.category, args.limit, args.subset_seed, args.chat_template, args.methods) == (
+        ["coding", "math"], 5, 3, False, ["ar", "sd"])
+
+
+def test_cli_bench_user_errors_exit_2(capsys):
+    assert main(["bench", "--methods", "ar", "beam"]) == 2
+    assert "unknown method" in capsys.readouterr().err
+    assert main(["bench", "--prompts", "/nonexistent.jsonl"]) == 2
+    assert "prompt file not found" in capsys.readouterr().err
+
+
+def test_compare_is_a_preset_with_its_old_table(decoder, tmp_path):
+    config = CompareConfig(prompts=["hello", "world"], max_new_tokens=6, warmup_tokens=0)
+    result = run_compare(config, tmp_path / "compare.json", progress=False, decoder=decoder)
+    assert json.loads((tmp_path / "compare.json").read_text())["schema"] == SCHEMA
+    assert [(r["prompt"], r["method"]) for r in result["records"]] == [
+        ("hello", "ar"), ("hello", "sd"), ("world", "ar"), ("world", "sd")]
+    from verispec.bench.compare import format_table
+
+    table = format_table(result["aggregate"])
+    assert table.splitlines()[0] == "| method | tokens | tokens/s | speedup | acceptance | tokens/target call |"
+    assert table.splitlines()[2].startswith("| ar | ") and "1.00x" in table.splitlines()[2]

@@ -1,0 +1,333 @@
+"""Multi-path verifiers (ALGORITHMS.md §2): exact enumeration of GBV and the §2.9 baselines, Monte-Carlo samplers."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+from functools import partial
+from itertools import product
+
+import pytest
+import torch
+
+import verispec.verify.multipath as multipath
+import verispec.verify.traversal as traversal
+from tests.stats import FALSE_ALARM, chi_square_pvalue, max_abs_diff, target_law
+from tests.verify.exact import (
+    block_inputs,
+    block_outcomes,
+    draft_tuples,
+    expected_accepted,
+    paths_inputs,
+    speculative_law,
+)
+from verispec.models.tabular import TabularLM
+from verispec.verify import (
+    MultiPathResult,
+    block_verify_law,
+    build_prefix_tree,
+    draw,
+    draw_outcome,
+    gbv_verify,
+    gbv_verify_law,
+    nss_verify,
+    specinfer_verify,
+    spectr_verify,
+    traversal_verify,
+    traversal_verify_law,
+)
+
+CONTEXT = [0, 1]
+CASES = [(1, 1), (2, 1), (3, 1), (1, 2), (2, 2), (1, 3), (2, 3), (3, 2)]  # (γ, K), V = 3
+
+
+def pair(seed: int) -> tuple[TabularLM, TabularLM]:
+    """Return (target, draft): two unrelated context-dependent tabular models over V = 3, the draft peakier."""
+    return TabularLM(3, seed=10 + seed), TabularLM(3, seed=20 + seed, sharpness=2.0)
+
+
+def gbv_error(target, draft, gamma: int, k: int) -> float:
+    law = speculative_law(gbv_verify_law, target, draft, CONTEXT, gamma, gamma + 1, k=k)
+    assert abs(sum(law.values()) - 1.0) < 1e-12
+    return max_abs_diff(law, target_law(target, CONTEXT, gamma + 1))
+
+
+@pytest.mark.parametrize("gamma,k", CASES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gbv_reproduces_the_target_law_exactly(gamma, k, seed):
+    # Every K-tuple of i.i.d. paths (duplicates included), every outcome, rounds until γ+1 tokens are out.
+    assert gbv_error(*pair(seed), gamma, k) < 1e-12
+
+
+@pytest.mark.parametrize("gamma,k", [(2, 2), (1, 3)])
+def test_gbv_is_exact_when_every_key_ties(gamma, k):
+    # p = q at every node: every token has ratio 1, so the whole order comes from the token-id tie-break (§2.2).
+    model = TabularLM(3, seed=4)
+    assert gbv_error(model, model, gamma, k) < 1e-12
+
+
+def clipped_key(p_u, q_u):
+    return torch.clamp(p_u / q_u, max=1.0)  # min(1, p/q): every token with p ≥ q ties at 1
+
+
+def first_child_wins(children, key, rank):
+    best = children[0]  # a strict '>' in path order: the first child wins a tie, whatever the CDF order says
+    for t in children[1:]:
+        if key[t] > key[best]:
+            best = t
+    return best
+
+
+@pytest.mark.parametrize(
+    "clipped,same_model,gamma,k",
+    [
+        (True, False, 2, 2),  # min(1, p/q): ties wherever several tokens have p ≥ q
+        (True, False, 2, 3),
+        (False, True, 2, 2),  # the raw ratio, but p = q at every node: every key ties at 1
+    ],
+)
+def test_enumeration_catches_the_tie_break_trap_of_section_2_2(monkeypatch, clipped, same_model, gamma, k):
+    # Ties broken by token id in q_skew (stable argsort) but by first-child-wins in selection: not lossless (§2.2).
+    if clipped:
+        monkeypatch.setattr(multipath, "ratio_key", clipped_key)
+    monkeypatch.setattr(multipath, "select_child", first_child_wins)
+    target, draft = (TabularLM(3, seed=4),) * 2 if same_model else pair(0)
+    assert gbv_error(target, draft, gamma, k) > 1e-4
+
+
+def test_clipped_key_with_one_shared_tie_break_is_still_exact(monkeypatch):
+    # What matters is that selection and q_skew share one total order, not which key defines it (§2.2, §2.6).
+    monkeypatch.setattr(multipath, "ratio_key", clipped_key)
+    assert gbv_error(*pair(0), 2, 3) < 1e-12
+
+
+@pytest.mark.parametrize("gamma,k", [(2, 2), (2, 3)])
+def test_selected_path_follows_the_best_of_k_law(gamma, k):
+    # §2.3/§2.7: the selected path has law Π_i q_skew(x_{i+1}|x^i), and q_skew depends on the path only.
+    target, draft = pair(1)
+    selected: dict = defaultdict(float)
+    skew: dict = {}
+    for paths, prob in draft_tuples(draft, CONTEXT, gamma, k):
+        chosen, law = gbv_verify_law(*paths_inputs(target, draft, CONTEXT, paths))
+        selected[paths[chosen]] += prob
+        if paths[chosen] in skew:
+            assert torch.equal(skew[paths[chosen]], law.q)
+        skew[paths[chosen]] = law.q
+    for path, q_skew in skew.items():
+        product_law = float(torch.prod(q_skew[torch.arange(gamma), torch.tensor(path)]))
+        assert selected[path] == pytest.approx(product_law, abs=1e-14)
+    assert abs(sum(selected.values()) - 1.0) < 1e-12
+
+
+def test_one_path_gbv_is_exactly_bv():
+    target, draft = pair(2)
+    for paths, _ in draft_tuples(draft, CONTEXT, 3, 1):
+        chosen, gbv = gbv_verify_law(*paths_inputs(target, draft, CONTEXT, paths))
+        bv = block_verify_law(*block_inputs(target, draft, CONTEXT, paths[0]))
+        assert chosen == 0
+        assert torch.equal(gbv.stop, bv.stop) and torch.equal(gbv.weights, bv.weights) and torch.equal(gbv.q, bv.q)
+
+
+def test_duplicate_paths_count_as_separate_draws():
+    # Two identical paths merge into one node, but the root skew is still the best-of-2 law F(t)² − F(t⁻)² (§2.6).
+    q = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    p = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)  # ratios 0.4, 1, 2.5: order 0 < 1 < 2
+    tokens = torch.tensor([[0], [0]])
+    _, law = gbv_verify_law(tokens, q.expand(2, 1, 3), p.expand(2, 2, 3))
+    cdf = torch.cumsum(q, 0)
+    assert torch.allclose(law.q[0], cdf**2 - (cdf - q) ** 2, atol=1e-15)
+
+
+def test_more_paths_accept_more_on_a_toy_pair():
+    # The direction of §2.7's toy table (BV < GBV K=2 < GBV K=3) on our tabular pair; its numbers need its models.
+    target, draft = pair(0)
+    by_k = [expected_accepted(gbv_verify_law, target, draft, CONTEXT, 2, k) for k in (1, 2, 3)]
+    assert by_k[0] == pytest.approx(expected_accepted(block_verify_law, target, draft, CONTEXT, 2), abs=1e-15)
+    assert by_k[0] < by_k[1] < by_k[2]
+
+
+def test_gbv_verify_draws_from_its_law():
+    target, draft = pair(3)
+    paths = ((2, 0, 1), (2, 1, 1), (0, 0, 0))
+    inputs = paths_inputs(target, draft, CONTEXT, paths)
+    chosen, law = gbv_verify_law(*inputs)
+    for seed in range(20):
+        expected = draw(law, torch.Generator().manual_seed(seed))
+        result = gbv_verify(*inputs, torch.Generator().manual_seed(seed))
+        assert result == MultiPathResult(path=chosen, accepted=expected.accepted, token=expected.token)
+
+
+def test_prefix_tree_merges_shared_prefixes_and_keeps_duplicates():
+    tree = build_prefix_tree(torch.tensor([[1, 2], [1, 0], [2, 2], [1, 2]]))
+    assert tree[()].draws == (1, 1, 2, 1) and tree[()].children == Counter({1: 3, 2: 1})
+    assert tree[(1,)].path == 0 and tree[(1,)].draws == (2, 0, 2)
+    assert tree[(2,)].path == 2 and tree[(1, 0)].path == 1 and tree[(1, 2)].draws == ()
+    assert len(tree) == 1 + 2 + 3
+
+
+# ---- The OT-style baselines of §2.9 (nss, specinfer, spectr): exact laws of the tree walks ----
+
+
+@pytest.mark.parametrize("gamma,k", [(1, 2), (2, 2), (1, 3), (2, 3), (3, 2)])
+@pytest.mark.parametrize("name", ["nss", "specinfer", "spectr"])
+def test_baseline_walk_reproduces_the_target_law_exactly(name, gamma, k):
+    law_fn = partial(multipath.tree_walk_law, multipath.NODE_LAWS[name])
+    target, draft = pair(0)
+    law = speculative_law(law_fn, target, draft, CONTEXT, gamma, gamma + 1, k=k)
+    assert max_abs_diff(law, target_law(target, CONTEXT, gamma + 1)) < 1e-12
+
+
+@pytest.mark.parametrize("name", ["specinfer", "spectr"])
+def test_node_laws_average_to_p_over_iid_draws(name):
+    # §2.9: a per-node solver emits p(·|node) when its k children are i.i.d. draws from q(·|node).
+    gen = torch.Generator().manual_seed(1)
+    for k in (1, 2, 3, 4):
+        p, q = torch.rand(2, 4, generator=gen, dtype=torch.float64) ** 2
+        p, q = p / p.sum(), q / q.sum()
+        average = sum(
+            float(torch.prod(q[list(draws)])) * multipath.NODE_LAWS[name](draws, p, q)
+            for draws in product(range(4), repeat=k)
+        )
+        assert torch.allclose(average, p, atol=1e-14, rtol=0)
+
+
+def test_enumeration_catches_specinfer_without_the_residual(monkeypatch):
+    # After a rejection, going on with p instead of norm((p − q)_+) is biased (§2.9 specinfer).
+    monkeypatch.setattr(multipath, "rrs_step", lambda p_cur, q_cur, rejected: (p_cur, q_cur))
+    law_fn = partial(multipath.tree_walk_law, multipath.specinfer_node_law)
+    target, draft = pair(0)
+    law = speculative_law(law_fn, target, draft, CONTEXT, 2, 3, k=2)
+    assert max_abs_diff(law, target_law(target, CONTEXT, 3)) > 1e-3
+
+
+# ---- Monte-Carlo checks of the samplers (chi-square, false alarm ≤ 1e-6 per test) ----
+
+SAMPLES = 20_000
+
+
+def round_counts(verify, target, draft, gamma: int, k: int, seed: int = 0) -> tuple[Counter, Counter]:
+    """Return the counts of (first token,) and (first two tokens,) over SAMPLES rounds from K i.i.d. paths.
+
+    When a round emits one token only, the second is drawn from the target, so both laws must be the target's.
+    """
+    tuples = list(draft_tuples(draft, CONTEXT, gamma, k))
+    gen, rng = torch.Generator().manual_seed(seed), random.Random(seed)
+    picks = rng.choices(range(len(tuples)), weights=[prob for _, prob in tuples], k=SAMPLES)
+    inputs: dict = {}
+    second = {y: target.conditional(CONTEXT + [y]).tolist() for y in range(target.vocab_size)}
+    first, two = Counter(), Counter()
+    for i in picks:
+        paths = tuples[i][0]
+        if i not in inputs:
+            inputs[i] = paths_inputs(target, draft, CONTEXT, paths)
+        result = verify(*inputs[i], gen)
+        emitted = paths[result.path][: result.accepted] + (result.token,)
+        if len(emitted) == 1:  # complete from the target
+            emitted += tuple(rng.choices(range(target.vocab_size), weights=second[emitted[0]]))
+        first[emitted[:1]] += 1
+        two[emitted[:2]] += 1
+    return first, two
+
+
+def assert_target_law(target, first: Counter, two: Counter) -> None:
+    assert chi_square_pvalue(first, target_law(target, CONTEXT, 1)) > FALSE_ALARM
+    assert chi_square_pvalue(two, target_law(target, CONTEXT, 2)) > FALSE_ALARM
+
+
+@pytest.mark.parametrize("verify,k", [(nss_verify, 2), (specinfer_verify, 3), (spectr_verify, 3)])
+def test_baseline_sampler_reproduces_the_target_law(verify, k):
+    # 20,000 rounds, V = 3, γ = 2; each chi-square test rejects a correct sampler with probability ≤ 1e-6.
+    # The exact laws are checked above; this checks the node-by-node sampler of the walk, K = 2 and 3 between them.
+    target, draft = pair(0)
+    assert_target_law(target, *round_counts(verify, target, draft, 2, k))
+
+
+def test_monte_carlo_check_catches_specinfer_without_the_residual(monkeypatch):
+    # The check must be able to fail: after a rejection, sampling on from p instead of norm((p − q)_+) is biased.
+    monkeypatch.setattr(multipath, "rrs_step", lambda p_cur, q_cur, rejected: (p_cur, q_cur))
+    target, draft = pair(0)
+    first, two = round_counts(specinfer_verify, target, draft, 2, 2)
+    assert chi_square_pvalue(first, target_law(target, CONTEXT, 1)) < FALSE_ALARM
+    assert chi_square_pvalue(two, target_law(target, CONTEXT, 2)) < FALSE_ALARM
+
+
+@pytest.mark.parametrize("verify", [specinfer_verify, spectr_verify, traversal_verify])
+def test_identical_models_accept_every_path(verify):
+    # With p = q: the OT solvers accept the first child (min(1, p/q) = 1; K-SEQ finds ρ = 1) and every traversal
+    # weight is 1. (Not GBV: it verifies against q_skew ≠ p, which over-weights the high-key tokens.)
+    model = TabularLM(3, seed=5)
+    inputs = paths_inputs(model, model, CONTEXT, ((0, 1), (2, 2), (0, 2)))
+    gen = torch.Generator().manual_seed(0)
+    assert all(verify(*inputs, gen).accepted == 2 for _ in range(50))
+
+
+def kseq_excess(p: torch.Tensor, q: torch.Tensor, k: int, rho: float) -> float:
+    beta = float(torch.minimum(p / rho, q).sum())
+    return 1 - (1 - beta) ** k - rho * beta  # ≤ 0 exactly when ρ is feasible (§2.9 step 1)
+
+
+def test_spectr_scale_is_feasible_and_tight():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        p, q = torch.rand(2, 5, generator=gen, dtype=torch.float64) ** 3
+        p, q = p / p.sum(), q / q.sum()
+        rho = multipath.kseq_rho(p, q, 3)
+        excess = partial(kseq_excess, p, q, 3)
+        assert 1.0 <= rho <= 3.0 and excess(rho) <= 1e-15  # feasible: the step-3 residual is non-negative
+        assert rho == 1.0 or excess(rho * (1 - 1e-9)) > 0  # tight: a slightly smaller ρ is infeasible
+
+
+# ---- Traversal verification (§2.9 `traversal`) ----
+
+
+@pytest.mark.parametrize("gamma,k", [(1, 2), (2, 2), (1, 3), (2, 3), (3, 2)])
+def test_traversal_reproduces_the_target_law_exactly(gamma, k):
+    target, draft = pair(1)
+    law = speculative_law(traversal_verify_law, target, draft, CONTEXT, gamma, gamma + 1, k=k)
+    assert max_abs_diff(law, target_law(target, CONTEXT, gamma + 1)) < 1e-12
+
+
+def test_enumeration_catches_traversal_that_keeps_q_after_a_deletion(monkeypatch):
+    # §2.9 step 3 zeroes the deleted token in the parent's q; keeping q (as for draws with replacement) is biased.
+    original = traversal.after_rejection
+
+    def keep_q(p_u, q_u, weight, token):
+        p_next, _, weight_next = original(p_u, q_u, weight, token)
+        return p_next, q_u, weight_next
+
+    monkeypatch.setattr(traversal, "after_rejection", keep_q)
+    target, draft = pair(0)
+    law = speculative_law(traversal_verify_law, target, draft, CONTEXT, 2, 3, k=2)
+    assert max_abs_diff(law, target_law(target, CONTEXT, 3)) > 1e-3
+
+
+def test_one_path_traversal_is_bv():
+    target, draft = pair(2)
+    for paths, _ in draft_tuples(draft, CONTEXT, 3, 1):
+        traversal_law = traversal_verify_law(*paths_inputs(target, draft, CONTEXT, paths))
+        bv = block_outcomes(0, block_verify_law(*block_inputs(target, draft, CONTEXT, paths[0])))
+        assert max_abs_diff(traversal_law, bv) < 1e-15
+
+
+def test_traversal_verify_draws_from_its_law():
+    target, draft = pair(3)
+    inputs = paths_inputs(target, draft, CONTEXT, ((2, 0), (2, 1), (0, 0)))
+    law = traversal_verify_law(*inputs)
+    for seed in range(10):
+        expected = draw_outcome(law, torch.Generator().manual_seed(seed))
+        assert traversal_verify(*inputs, torch.Generator().manual_seed(seed)) == expected
+    gen = torch.Generator().manual_seed(0)
+    counts = Counter(draw_outcome(law, gen) for _ in range(SAMPLES))
+    assert chi_square_pvalue(counts, law) > FALSE_ALARM
+
+
+def test_empty_paths_sample_from_p():
+    p = torch.tensor([[[0.0, 0.0, 1.0]]] * 2, dtype=torch.float64)  # [K=2, 1, V]
+    tokens, q = torch.empty(2, 0, dtype=torch.long), torch.empty(2, 0, 3)
+    for verify in (gbv_verify, nss_verify, specinfer_verify, spectr_verify, traversal_verify):
+        assert verify(tokens, q, p) == MultiPathResult(path=0, accepted=0, token=2)
+
+
+def test_shape_contract_is_checked():
+    with pytest.raises(AssertionError, match="p must be"):
+        gbv_verify(torch.tensor([[0, 1]]), torch.rand(1, 2, 3), torch.rand(1, 2, 3))

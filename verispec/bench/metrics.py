@@ -1,0 +1,155 @@
+"""Benchmark metrics, all computed from the per-prompt records (each holds one decode's `Trace.to_dict()`).
+
+Per method (notation of ALGORITHMS.md §3.4; p = target, q = draft):
+
+* wall time per generated token = Σ time_total / Σ generated over the prompts (token-weighted);
+* speedup vs the baseline = (baseline seconds per token) / (method seconds per token), same prompts. Its 95%
+  interval is a percentile bootstrap over prompts: prompts are resampled with replacement (the baseline's and the
+  method's decode of a prompt stay paired), the ratio of totals is recomputed per resample, and the 2.5% / 97.5%
+  quantiles are reported; the resampling uses `numpy.random.default_rng(seed)`, so intervals are reproducible;
+* block efficiency = generated tokens / target calls (tokens per target call, E[N] when every call is a round);
+* acceptance rate = accepted / drafted tokens (the engine's definition; it counts draft tokens after a rejection);
+* α = per-position acceptance probability: accepted / (accepted + rejections), where a round has a rejection when
+  τ < drafted. This is the maximum-likelihood estimate of the i.i.d. acceptance probability from rounds cut at the
+  first rejection, and it is the α of the speedup formula (β of §3.4);
+* mean accepted length = Σ τ / rounds; target and draft calls per generated token;
+* theoretical SD speedup (Leviathan et al. 2023; ALGORITHMS.md §3.4, SD latency per token [γ·c_q + c_p]/E[N_SD]):
+
+      S = (1 − α^{γ+1}) / ((1 − α)(γ·c + f))
+
+  with every symbol measured:
+  - α: as above, from this method's rounds;
+  - γ: the configured draft length;
+  - t₁: mean seconds of a 1-token target forward, from the baseline's rounds that fed exactly one token (the prefill
+    round excluded), i.e. the actual cost of one autoregressive step of the target;
+  - c = (seconds drafting per drafted token, rounds after the first) / t₁: draft forward + its sampling;
+  - f = (mean seconds of this method's target forwards that fed exactly γ+1 tokens, the first round excluded) / t₁:
+    the measured cost of verifying a block relative to one autoregressive step (Leviathan assume f = 1).
+  It ignores verification and bookkeeping time, which the measured speedup includes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from statistics import fmean
+from typing import Any
+
+import numpy as np
+
+
+def _rounds(records: Sequence[dict[str, Any]], skip_first: bool = False) -> list[dict[str, Any]]:
+    return [r for rec in records for r in rec["trace"]["rounds"][1 if skip_first else 0:]]
+
+
+def alpha_estimate(records: Sequence[dict[str, Any]]) -> float | None:
+    """Return the per-position acceptance probability α = accepted / (accepted + rejections), None without drafts."""
+    rounds = [r for r in _rounds(records) if r["drafted"] > 0]
+    accepted = sum(r["accepted"] for r in rounds)
+    rejections = sum(r["accepted"] < r["drafted"] for r in rounds)
+    return accepted / (accepted + rejections) if accepted + rejections else None
+
+
+def one_token_target_seconds(records: Sequence[dict[str, Any]]) -> float | None:
+    """Return the mean seconds of a target forward that fed one token (non-speculative rounds, prefill excluded)."""
+    times = [r["time_decode"] for r in _rounds(records, skip_first=True) if r["drafted"] == 0 and r["fed"] == 1]
+    return fmean(times) if times else None
+
+
+def measured_costs(
+    records: Sequence[dict[str, Any]], gamma: int, t1: float | None
+) -> tuple[float | None, float | None]:
+    """Return (c, f): seconds per drafted token and per target forward of γ+1 tokens, both divided by `t1`."""
+    rounds = _rounds(records, skip_first=True)
+    drafted = sum(r["drafted"] for r in rounds)
+    block = [r["time_decode"] for r in rounds if r["fed"] == gamma + 1 and r["drafted"] == gamma]
+    if not t1 or not drafted or not block:
+        return None, None
+    return sum(r["time_draft"] for r in rounds) / drafted / t1, fmean(block) / t1
+
+
+def theoretical_speedup(alpha: float | None, gamma: int, c: float | None, f: float | None) -> float | None:
+    """Return (1 − α^{γ+1}) / ((1 − α)(γc + f)): the SD speedup over autoregressive decoding (module docstring)."""
+    if alpha is None or c is None or f is None:
+        return None
+    tokens_per_round = gamma + 1 if alpha == 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return tokens_per_round / (gamma * c + f)
+
+
+def bootstrap_speedup(
+    base: Sequence[tuple[float, int]], mine: Sequence[tuple[float, int]], resamples: int, seed: int
+) -> tuple[float, float] | None:
+    """Return the 95% percentile-bootstrap interval of the speedup from paired per-prompt (seconds, tokens).
+
+    None with fewer than two prompts (no spread to resample) or without tokens.
+    """
+    if len(base) != len(mine) or len(base) < 2 or resamples < 1:
+        return None
+    b, m = np.asarray(base, dtype=float), np.asarray(mine, dtype=float)  # [n, 2]: seconds, tokens
+    idx = np.random.default_rng(seed).integers(0, len(b), size=(resamples, len(b)))  # [B, n]
+    sums_b, sums_m = b[idx].sum(axis=1), m[idx].sum(axis=1)  # [B, 2]
+    valid = (sums_b[:, 1] > 0) & (sums_m[:, 0] > 0)
+    if not valid.any():
+        return None
+    ratio = (sums_b[valid, 0] / sums_b[valid, 1]) / (sums_m[valid, 0] / sums_m[valid, 1])
+    lo, hi = np.quantile(ratio, [0.025, 0.975])
+    return float(lo), float(hi)
+
+
+def summarize(
+    records: Sequence[dict[str, Any]],
+    methods: Sequence[str],
+    baseline: str | None = None,
+    gamma: int | None = None,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Return one aggregate row per method (keys in the module docstring); speedups are vs `baseline` (default:
+    the first method), over the prompts both decoded."""
+    baseline = baseline or methods[0]
+    by_method = {m: {rec["prompt_index"]: rec for rec in records if rec["method"] == m} for m in methods}
+    base = by_method.get(baseline, {})
+    t1 = one_token_target_seconds(list(base.values()))
+    rows = []
+    for method in methods:
+        mine = list(by_method[method].values())
+        traces = [rec["trace"] for rec in mine]
+        tokens = sum(t["generated"] for t in traces)
+        seconds = sum(t["time_total"] for t in traces)
+        rounds = _rounds(mine)
+        drafted = sum(r["drafted"] for r in rounds)
+        accepted = sum(r["accepted"] for r in rounds)
+        target_calls, draft_calls = sum(t["target_calls"] for t in traces), sum(t["draft_calls"] for t in traces)
+        row: dict[str, Any] = {
+            "method": method,
+            "prompts": len(mine),
+            "tokens": tokens,
+            "seconds": seconds,
+            "seconds_per_token": seconds / tokens if tokens else None,
+            "tokens_per_second": tokens / seconds if seconds else None,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "alpha": alpha_estimate(mine),
+            "mean_accepted": accepted / len(rounds) if drafted else None,
+            "tokens_per_target_call": tokens / target_calls if target_calls else None,
+            "target_calls_per_token": target_calls / tokens if tokens else None,
+            "draft_calls_per_token": draft_calls / tokens if tokens else None,
+        }
+        # Speedup and its interval over the prompts that both the baseline and this method decoded.
+        shared = sorted(set(base) & set(by_method[method]))
+        pairs = [((base[i]["trace"]["time_total"], base[i]["trace"]["generated"]),
+                  (by_method[method][i]["trace"]["time_total"], by_method[method][i]["trace"]["generated"]))
+                 for i in shared]
+        b_sec, b_tok = sum(p[0][0] for p in pairs), sum(p[0][1] for p in pairs)
+        m_sec, m_tok = sum(p[1][0] for p in pairs), sum(p[1][1] for p in pairs)
+        row["speedup"] = (b_sec / b_tok) / (m_sec / m_tok) if b_tok and m_tok and b_sec and m_sec else None
+        row["speedup_ci95"] = bootstrap_speedup([p[0] for p in pairs], [p[1] for p in pairs], resamples, seed)
+        row["same_tokens_as_baseline"] = (
+            sum(base[i]["tokens"] == by_method[method][i]["tokens"] for i in shared) / len(shared) if shared else None
+        )
+        if drafted and gamma is not None:
+            c, f = measured_costs(mine, gamma, t1)
+            theory = theoretical_speedup(row["alpha"], gamma, c, f)
+            row.update(cost_draft_c=c, cost_block_f=f, theoretical_speedup=theory)
+        else:
+            row.update(cost_draft_c=None, cost_block_f=None, theoretical_speedup=None)
+        rows.append(row)
+    return rows

@@ -1,0 +1,57 @@
+"""Block verification (BV, Sun et al. 2024; ALGORITHMS.md §1), lossless and optimal among single-path verifiers."""
+
+from __future__ import annotations
+
+import torch
+
+from verispec.verify.common import BlockLaw, VerifyResult, check_block_shapes, drafted_probs, draw
+
+
+def block_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> BlockLaw:
+    """Return the exact law of block verification of one block.
+
+    draft_tokens: [γ] long; q: [γ, V] draft conditionals q(·|x^i); p: [γ+1, V] target conditionals p(·|x^i).
+    `q` may be any draft law the block was actually drawn from (GBV passes its skewed draft, §2.4).
+    """
+    check_block_shapes(draft_tokens, q, p)
+    p, q = p.to(torch.float64), q.to(torch.float64)
+    gamma = draft_tokens.shape[0]
+    p_x, q_x = drafted_probs(draft_tokens, q, p)  # [γ], [γ]
+    # §1.2: cascaded, clipped likelihood ratio w_i = min(1, w_{i-1}·p(x_i|x^{i-1}) / q(x_i|x^{i-1})), w_0 = 1.
+    weights = torch.ones(gamma + 1, dtype=torch.float64, device=p.device)  # [γ+1]
+    for i in range(1, gamma + 1):
+        weights[i] = torch.clamp(weights[i - 1] * p_x[i - 1] / q_x[i - 1], max=1.0)
+    # §1.2: ρ_i = Σ_v (w_i·p(v|x^i) − q(v|x^i))_+ is the target mass left over at node x^i (i = 1..γ-1).
+    rho = (weights[1:gamma, None] * p[1:gamma] - q[1:gamma]).clamp_min(0.0).sum(-1)  # [γ-1]
+    # h_i = ρ_i / (ρ_i + 1 − w_i), with 0/0 → 0 (§1.4: ρ_i = 0 makes τ = i a null event); 1 − w_i ≥ 0 since w_i ≤ 1.
+    denom = rho + (1.0 - weights[1:gamma])
+    h_mid = torch.where(rho > 0, rho / denom.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(rho))
+    # h_0 = 1 makes τ = 0 the default when no test passes; h_γ = w_γ (§1.2).
+    h = torch.ones_like(weights)  # [γ+1]
+    h[1:gamma] = h_mid
+    if gamma:
+        h[gamma] = weights[gamma]
+    h = h.clamp(0.0, 1.0)
+    return BlockLaw(stop=stop_from_hazards(h), weights=weights, q=q, p=p)
+
+
+def stop_from_hazards(h: torch.Tensor) -> torch.Tensor:
+    """Return P(τ = i) = h_i·Π_{j>i}(1 − h_j) `[γ+1]`, τ being the LAST i with η_i ≤ h_i (§1.2, backward selection).
+
+    h: [γ+1] float64 with h_0 = 1, so the probabilities sum to 1.
+    """
+    # later[i] = Π_{j>i}(1 − h_j): the probability that every test after position i fails.
+    survive = torch.flip(torch.cumprod(torch.flip(1.0 - h[1:], [0]), 0), [0])  # [γ], survive[i-1] = Π_{j≥i}
+    later = torch.cat([survive, h.new_ones(1)])  # [γ+1]
+    return h * later
+
+
+def block_verify(
+    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
+) -> VerifyResult:
+    """Verify one draft block with block verification; return (accepted τ, extra token).
+
+    draft_tokens: [γ] long; q: [γ, V]; p: [γ+1, V]. The extra token is drawn from norm((w_τ·p − q)_+) at
+    τ < γ (§1.3) and from p(·|x^γ) at τ = γ (the bonus, §1.4).
+    """
+    return draw(block_verify_law(draft_tokens, q, p), generator)
