@@ -44,3 +44,29 @@ def test_greedy_sd_equals_ar_on_the_default_pair(decoder, prompt):
     assert sd.tokens == ar.tokens
     assert sd.trace.acceptance_rate > 0.3  # a real, mostly agreeing pair
     assert sd.trace.target_calls < ar.trace.target_calls
+
+
+@pytest.mark.parametrize(
+    "method, paths", [("bv", 1), ("gbv", 3), ("specinfer", 2), ("spectr", 2), ("nss", 2), ("traversal", 2)]
+)
+def test_greedy_block_and_multipath_methods_equal_ar_on_the_default_pair(decoder, method, paths):
+    prompt = PROMPTS[0]
+    ar = decoder.generate(prompt, method="ar", max_new_tokens=24)
+    out = decoder.generate(prompt, method=method, gamma=4, paths=paths, max_new_tokens=24)
+    assert out.tokens == ar.tokens
+
+
+def test_onednn_fast_path_matches_transformers_linears(decoder):
+    """The default oneDNN linear path computes the same model: logits agree with transformers' own linears."""
+    from verispec.models.loading import load_model
+
+    reference = load_model(None, "draft", linear_backend="torch")
+    fast = decoder.model("draft")
+    assert fast.linear_backend == "onednn" and reference.linear_backend == "torch"
+    ids = decoder.encode_prompt(PROMPTS[1])
+    fast.reset()
+    reference.reset()
+    a = fast.forward(ids, n_logits=5).logits
+    b = reference.forward(ids, n_logits=5).logits
+    assert (a - b).abs().max() < 1e-3
+    assert (a.argmax(-1) == b.argmax(-1)).all()

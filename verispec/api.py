@@ -11,8 +11,9 @@ import torch
 from verispec.engine import DecodeConfig, Engine
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.methods import get_method
+from verispec.models.fastpath import LINEAR_BACKENDS
 from verispec.models.hf import HFCausalLM, parse_dtype
-from verispec.models.loading import load_model
+from verispec.models.loading import DEFAULT_LINEAR_BACKEND, load_model
 from verispec.sampling import SamplingConfig
 from verispec.trace import Trace
 
@@ -69,9 +70,12 @@ class Decoder:
         dtype: str | torch.dtype = "float32",
         device: str = "cpu",
         verifier: str | Any = None,
+        linear_backend: str = DEFAULT_LINEAR_BACKEND,
     ) -> None:
         parse_dtype(dtype)  # fail on a bad dtype now, not after minutes of loading
-        self.dtype, self.device = dtype, device
+        if linear_backend not in LINEAR_BACKENDS:
+            raise ConfigError(f"unknown linear backend {linear_backend!r}; choose one of {', '.join(LINEAR_BACKENDS)}")
+        self.dtype, self.device, self.linear_backend = dtype, device, linear_backend
         self._verifier_spec = verifier  # a LearnedVerifier file path (loaded on first use) or object
         self._specs = {"target": target, "draft": draft}
         self._models: dict[str, HFCausalLM] = {
@@ -84,7 +88,9 @@ class Decoder:
         """Return the loaded model for `role` ("target" or "draft"), loading it on first use."""
         if role not in self._models:
             spec = self._specs[role]
-            self._models[role] = load_model(spec, role, dtype=self.dtype, device=self.device)
+            self._models[role] = load_model(
+                spec, role, dtype=self.dtype, device=self.device, linear_backend=self.linear_backend
+            )
             other = "draft" if role == "target" else "target"
             if other in self._models:
                 check_compatible(self._models["target"], self._models["draft"])
@@ -190,14 +196,17 @@ def generate(
     cap: int = DecodeConfig.cap,
     tau: float | None = DecodeConfig.tau,
     verifier: str | None = None,
+    linear_backend: str = DEFAULT_LINEAR_BACKEND,
 ) -> Generation:
     """Decode `prompt` with `method` on the given (default: embedded) pair; return a `Generation`.
 
     Models stay loaded between calls with the same target, draft, dtype and device.
     """
-    key = (target, draft, dtype, device, verifier)
+    key = (target, draft, dtype, device, verifier, linear_backend)
     if key not in _DECODERS:
-        _DECODERS[key] = Decoder(target, draft, dtype=dtype, device=device, verifier=verifier)
+        _DECODERS[key] = Decoder(
+            target, draft, dtype=dtype, device=device, verifier=verifier, linear_backend=linear_backend
+        )
     return _DECODERS[key].generate(
         prompt, method=method, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
         max_new_tokens=max_new_tokens, seed=seed, chat_template=chat_template, paths=paths, cap=cap, tau=tau,

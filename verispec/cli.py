@@ -9,6 +9,8 @@ from pathlib import Path
 
 from verispec.engine import DecodeConfig
 from verispec.errors import VerispecError
+from verispec.models.fastpath import LINEAR_BACKENDS
+from verispec.models.loading import DEFAULT_LINEAR_BACKEND
 from verispec.sampling import SamplingConfig
 
 
@@ -16,6 +18,9 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, help="target model: hub id, folder or .gguf file (default: embedded)")
     parser.add_argument("--draft", default=None, help="draft model: hub id, folder or .gguf file (default: embedded)")
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | float64 (default: float32)")
+    parser.add_argument("--linear-backend", default=DEFAULT_LINEAR_BACKEND, choices=LINEAR_BACKENDS,
+                        help=f"CPU linear layers: oneDNN with packed weights, or transformers' own "
+                             f"(default: {DEFAULT_LINEAR_BACKEND})")
 
 
 def _add_decode_options(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +44,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from verispec.api import Decoder
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    decoder = Decoder(args.target, args.draft, dtype=args.dtype, verifier=args.verifier)
+    decoder = Decoder(
+        args.target, args.draft, dtype=args.dtype, verifier=args.verifier, linear_backend=args.linear_backend
+    )
     gen = decoder.generate(
         prompt, method=args.method, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed, chat_template=not args.no_chat_template,

@@ -25,17 +25,22 @@ def onednn_available() -> bool:
     )
 
 
-def _packed_forward(packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> Any:
+def _packed_forward(packed: torch.Tensor, bias: torch.Tensor | None, out_features: int, min_rows: int) -> Any:
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])  # oneDNN takes a 2-D input: [tokens, in]
-        y = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")  # [tokens, out]
-        return y.reshape(*x.shape[:-1], out_features)
+        n = rows.shape[0]
+        if n < min_rows:
+            # Measured here: oneDNN's kernel for 1-3 rows is slower than its kernel for the packed batch size,
+            # so a 1-token forward runs faster padded with zero rows (sliced off below).
+            rows = torch.cat([rows, rows.new_zeros(min_rows - n, rows.shape[1])])
+        y = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")  # [rows, out]
+        return y[:n].reshape(*x.shape[:-1], out_features)
 
     return forward
 
 
 @torch.no_grad()
-def use_onednn_linears(model: torch.nn.Module, batch_hint: int = 4) -> int:
+def use_onednn_linears(model: torch.nn.Module, batch_hint: int = 4, min_rows: int = 4) -> int:
     """Route every CPU nn.Linear of `model` through oneDNN with a packed weight; return how many were changed.
 
     The dense weight is released (the packed copy replaces it), so memory does not double; the module keeps a
@@ -54,7 +59,7 @@ def use_onednn_linears(model: torch.nn.Module, batch_hint: int = 4) -> int:
             continue
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
         bias = module.bias.detach() if module.bias is not None else None
-        module.forward = _packed_forward(packed, bias, module.out_features)
+        module.forward = _packed_forward(packed, bias, module.out_features, min_rows)
         module.weight = torch.nn.Parameter(weight.new_empty(module.out_features, 0), requires_grad=False)
         changed += 1
     return changed

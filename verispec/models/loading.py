@@ -4,17 +4,39 @@ from __future__ import annotations
 
 import torch
 
+from verispec.errors import ConfigError
 from verispec.models.default_pair import DEFAULT_PAIR, prepare
+from verispec.models.fastpath import LINEAR_BACKENDS, use_onednn_linears
 from verispec.models.hf import HFCausalLM, load_pretrained
+
+# oneDNN with packed weights: 1.8x faster 1-token target forwards in fp32 here and f(5) ≈ 1 instead of ≈ 1.9
+# (BENCHMARKS.md); "torch" keeps transformers' own linears.
+DEFAULT_LINEAR_BACKEND = "onednn"
 
 DEFAULT = "default"
 
 
-def load_model(spec: str | None, role: str, dtype: str | torch.dtype = "float32", device: str = "cpu") -> HFCausalLM:
-    """Return the model named by `spec` for `role` ("target" or "draft"); None or "default" is the embedded pair."""
+def load_model(
+    spec: str | None,
+    role: str,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    linear_backend: str = DEFAULT_LINEAR_BACKEND,
+) -> HFCausalLM:
+    """Return the model named by `spec` for `role` ("target" or "draft"); None or "default" is the embedded pair.
+
+    `linear_backend`: "onednn" (default; CPU only, see verispec.models.fastpath) or "torch" (transformers as is).
+    """
+    if linear_backend not in LINEAR_BACKENDS:
+        raise ConfigError(f"unknown linear backend {linear_backend!r}; choose one of {', '.join(LINEAR_BACKENDS)}")
     if spec is None or spec == DEFAULT:
         embedded = DEFAULT_PAIR[role]
-        model, tokenizer = load_pretrained(str(prepare(embedded)), dtype=dtype, device=device)
-        return HFCausalLM(model, tokenizer, name=embedded.upstream)
-    model, tokenizer = load_pretrained(spec, dtype=dtype, device=device)
-    return HFCausalLM(model, tokenizer, name=spec)
+        path, name = str(prepare(embedded)), embedded.upstream
+    else:
+        path, name = spec, spec
+    model, tokenizer = load_pretrained(path, dtype=dtype, device=device)
+    wrapped = HFCausalLM(model, tokenizer, name=name)  # reads the vocabulary size before the weights are packed
+    if linear_backend == "onednn" and str(device).startswith("cpu"):
+        use_onednn_linears(model)
+    wrapped.linear_backend = linear_backend
+    return wrapped
