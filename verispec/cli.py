@@ -144,9 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from verispec.bench.cli import register as register_bench
     from verispec.learned.cli import register as register_verifier
+    from verispec.profile import register as register_profile
 
     register_bench(sub)
     register_verifier(sub)
+    register_profile(sub)
     return parser
 
 

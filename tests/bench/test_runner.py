@@ -30,9 +30,9 @@ def calls_and_result(decoder, tmp_path_factory):
     calls = []
     original = runner.decode_one
 
-    def logged(decoder, config, method, prompt, index, max_new_tokens=None):
+    def logged(decoder, config, method, prompt, index, max_new_tokens=None, peer_decoder=None):
         calls.append((method, prompt.id, max_new_tokens))
-        return original(decoder, config, method, prompt, index, max_new_tokens)
+        return original(decoder, config, method, prompt, index, max_new_tokens, peer_decoder)
 
     out = tmp_path_factory.mktemp("bench") / "sub" / "results.json"
     config = BenchConfig(methods=METHODS, max_new_tokens=10, gamma=3, warmup_tokens=2, bootstrap_resamples=200)
@@ -123,3 +123,23 @@ def test_compare_is_a_preset_with_its_old_table(decoder, tmp_path):
     table = format_table(result["aggregate"])
     assert table.splitlines()[0] == "| method | tokens | tokens/s | speedup | acceptance | tokens/target call |"
     assert table.splitlines()[2].startswith("| ar | ") and "1.00x" in table.splitlines()[2]
+
+
+def test_method_variants_run_with_their_own_settings(decoder):
+    from verispec.bench.variants import parse_method
+    from verispec.errors import ConfigError
+
+    methods = ["ar", "sd:gamma=1", "sd:gamma=3", "gbv:paths=2,gamma=2"]
+    config = BenchConfig(methods=methods, max_new_tokens=8, warmup_tokens=0, bootstrap_resamples=50,
+                         compare_to="sd:gamma=1")
+    result = run_bench(config, None, decoder=decoder, prompts=PROMPTS[:2], progress=False)
+    by_method = {m: [r for r in result["records"] if r["method"] == m] for m in methods}
+    assert all(r["config"]["gamma"] == 1 for r in by_method["sd:gamma=1"])
+    assert all(max(x["drafted"] for x in r["trace"]["rounds"]) <= 3 for r in by_method["sd:gamma=3"])
+    assert all(r["config"]["paths"] == 2 for r in by_method["gbv:paths=2,gamma=2"])
+    rows = {row["method"]: row for row in result["aggregate"]}
+    assert "speedup_vs_sd:gamma=1" in rows["ar"]
+    assert parse_method("sprinter:tau=0.3,cap=8", {"sprinter"}).overrides == {"tau": 0.3, "cap": 8}
+    for bad in ["sd:gamma", "sd:beta=2", "sd:gamma=x", "zz"]:
+        with pytest.raises(ConfigError):
+            parse_method(bad, {"sd"})

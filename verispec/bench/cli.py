@@ -1,4 +1,4 @@
-"""Subcommands of the benchmark harness, registered into the `verispec` parser: `bench` and `report`.
+"""Subcommands of the benchmark harness, registered into the `verispec` parser: `bench`, `report` and `pareto`.
 
 They parse into `BenchConfig` (whose defaults they read, never restate) and call one library function each.
 """
@@ -24,6 +24,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"\n{n} prompts from {config.prompts}, up to {config.max_new_tokens} new tokens, gamma={config.gamma}, "
           f"temperature={config.temperature}, {config.dtype} on {config.device}; baseline {config.baseline_method}")
     print(format_table(result["aggregate"], FULL_COLUMNS))
+    if config.quality:
+        from verispec.bench.report import QUALITY_COLUMNS
+
+        print("\n" + format_table(result["aggregate"], QUALITY_COLUMNS))
     print(f"\nresults: {args.out}")
     if args.report:
         _, markdown_path, plot_path = write_report(args.out)
@@ -35,9 +39,28 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Render a results JSON as a markdown table (printed and written) and a speedup plot (PNG)."""
     from verispec.bench.report import write_report
 
-    markdown, markdown_path, plot_path = write_report(args.results, args.markdown, args.plot)
+    markdown, markdown_path, plot_path = write_report(args.results, args.markdown, args.plot, args.profile)
     print(markdown)
     print(f"report: {markdown_path}\nplot: {plot_path}")
+    return 0
+
+
+def cmd_pareto(args: argparse.Namespace) -> int:
+    """Plot speedup vs quality for one or more results files (one point per method and file) as a PNG."""
+    import json
+    from pathlib import Path
+
+    from verispec.bench.pareto import plot_pareto
+    from verispec.errors import ConfigError
+
+    runs = []
+    for name in args.results:
+        try:
+            results = json.loads(Path(name).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read results file {name}: {exc}") from exc
+        runs.append((Path(name).stem if len(args.results) > 1 else "", results))
+    print(f"plot: {plot_pareto(runs, args.out, y=args.y)}")
     return 0
 
 
@@ -61,9 +84,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="shuffle prompts with this seed before offset/limit (default: %(default)s = file order)")
     g = p.add_argument_group("methods")
     g.add_argument("--methods", nargs="+", default=d.methods,
-                   help=f"run in this order on each prompt; from {', '.join([*METHODS, *PEERS])} "
-                        "(default: %(default)s)")
+                   help=f"run in this order on each prompt; from {', '.join([*METHODS, *PEERS])}, each optionally "
+                        "with settings, e.g. sd:gamma=2 gbv:paths=3,gamma=8 sprinter:tau=0.3 (default: %(default)s)")
     g.add_argument("--baseline", default=d.baseline, help="speedups are against it (default: ar if run, else first)")
+    g.add_argument("--compare-to", default=d.compare_to, help="also report speedups against this method (e.g. sd)")
     g.add_argument("--gamma", type=int, default=d.gamma, help="draft tokens per round (default: %(default)s)")
     g.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy (default: %(default)s)")
     g.add_argument("--top-k", type=int, default=d.top_k, help="0 = off (default: %(default)s)")
@@ -77,6 +101,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--draft", default=d.draft, help="hub id, folder or .gguf file (default: embedded)")
     g.add_argument("--dtype", default=d.dtype, help="float32 | bfloat16 | float16 | float64 (default: %(default)s)")
     g.add_argument("--device", default=d.device, help="torch device (default: %(default)s)")
+    g.add_argument("--linear-backend", default=d.linear_backend, choices=["onednn", "torch"],
+                   help="verispec methods' CPU linears (default: %(default)s)")
+    g.add_argument("--peer-linear-backend", default=d.peer_linear_backend, choices=["onednn", "torch"],
+                   help="the transformers peers' linears (default: %(default)s: transformers as users run it)")
+    g.add_argument("--verifier", default=d.verifier, help="SPRINTER methods: the learned verifier file")
     g = p.add_argument_group("measurement and output")
     g.add_argument("--warmup-tokens", type=int, default=d.warmup_tokens,
                    help="tokens of the excluded warm-up decode per method (default: %(default)s)")
@@ -84,6 +113,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="resamples for the speedup's 95%% interval (default: %(default)s)")
     g.add_argument("--bootstrap-seed", type=int, default=d.bootstrap_seed, help="(default: %(default)s)")
     g.add_argument("--out", default=DEFAULT_OUT, help="results JSON (default: %(default)s)")
+    g.add_argument("--quality", action="store_true", default=d.quality,
+                   help="after the timed runs, score every output: target NLL / perplexity, ROUGE-L vs the ar output "
+                        "and vs reference answers (HumanEval, MT-Bench)")
     g.add_argument("--report", action="store_true", help="also write the markdown report and the speedup plot")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench)
@@ -92,4 +124,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("results", help="a results JSON written by `verispec bench` or `verispec compare`")
     p.add_argument("--markdown", default=None, help="where to write the markdown (default: RESULTS.md)")
     p.add_argument("--plot", default=None, help="where to write the plot (default: RESULTS_speedup.png)")
+    p.add_argument("--profile", default=None,
+                   help="a `verispec profile` JSON: add a section of modelled (not measured) times and speedups")
     p.set_defaults(func=cmd_report)
+
+    from verispec.bench.pareto import QUALITY_AXES
+
+    p = sub.add_parser("pareto", help="plot speedup vs quality (PNG) from results of `verispec bench --quality`")
+    p.add_argument("results", nargs="+", help="results JSON files (e.g. one per SPRINTER threshold); labelled by name")
+    p.add_argument("--y", default="rouge_l_vs_ar", choices=list(QUALITY_AXES),
+                   help="quality axis (default: %(default)s)")
+    p.add_argument("--out", default="results/pareto.png", help="PNG path (default: %(default)s)")
+    p.set_defaults(func=cmd_pareto)

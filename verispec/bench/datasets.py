@@ -11,6 +11,10 @@ Sources accepted by `load_prompts`:
 | a `.txt` file | one prompt per non-empty line |
 | another `.jsonl` | one prompt per row: a JSON string, or an object with `prompt`, `text` or `question` |
 
+Reference answers (`Prompt.reference`, for ROUGE-L in `bench.quality`): HumanEval's stub plus canonical solution;
+the `reference` field of a Spec-Bench or plain jsonl row (its first element when a list: MT-Bench has one per turn
+for 39 of its 80 questions); none otherwise.
+
 Subsetting is deterministic: filter by category, then (with a seed) shuffle with `random.Random(seed)`, then take
 `limit` prompts from `offset`. The same seed with disjoint offset ranges gives disjoint prompt sets, e.g. tuning on
 `offset=0, limit=40` and evaluating on `offset=40`.
@@ -57,6 +61,7 @@ class Prompt:
     text: str  # what is fed to the model (through the chat template, when the tokenizer has one)
     category: str | None = None  # Spec-Bench / MT-Bench category, "code" for HumanEval, None for plain files
     source: str = ""  # the source it was loaded from
+    reference: str | None = None  # a reference answer, where the source has one (quality.rouge_l compares to it)
 
 
 def packaged_file(name: str) -> Path:
@@ -93,14 +98,24 @@ def read_spec_bench(path: Path, source: str) -> list[Prompt]:
     for number, row in enumerate(_read_jsonl(path), 1):
         if not isinstance(row, dict) or not row.get("turns"):
             raise ConfigError(f"{path}:{number}: a Spec-Bench row needs a non-empty 'turns' list")
-        prompts.append(Prompt(str(row.get("question_id", number)), row["turns"][0], row.get("category"), source))
+        prompts.append(Prompt(str(row.get("question_id", number)), row["turns"][0], row.get("category"), source,
+                              _first_reference(row)))
     return prompts
 
 
+def _first_reference(row: object) -> str | None:
+    """Return a row's reference answer for its first turn: `reference` as a string or the first of a list (MT-Bench
+    gives one per turn for about half of its questions)."""
+    ref = row.get("reference") if isinstance(row, dict) else None
+    ref = ref[0] if isinstance(ref, list) and ref else ref
+    return ref if isinstance(ref, str) and ref.strip() else None
+
+
 def read_humaneval(path: Path, source: str = "humaneval") -> list[Prompt]:
-    """Return the HumanEval problems as instructions to complete each function stub."""
-    return [Prompt(row["task_id"], HUMANEVAL_INSTRUCTION.format(stub=row["prompt"]), "code", source)
-            for row in _read_jsonl(path)]
+    """Return the HumanEval problems as instructions to complete each function stub; the reference is the stub
+    followed by the canonical body (the whole function, as an instruct model answers)."""
+    return [Prompt(row["task_id"], HUMANEVAL_INSTRUCTION.format(stub=row["prompt"]), "code", source,
+                   row["prompt"] + row["canonical_solution"]) for row in _read_jsonl(path)]
 
 
 def read_plain(path: Path, source: str) -> list[Prompt]:
@@ -116,7 +131,8 @@ def read_plain(path: Path, source: str) -> list[Prompt]:
             raise ConfigError(f"{path}:{number}: expected a JSON string or an object with 'prompt', 'text', "
                               f"'question' or (Spec-Bench) 'turns'")
         key = row.get("id", row.get("question_id", number)) if isinstance(row, dict) else number
-        prompts.append(Prompt(str(key), text, row.get("category") if isinstance(row, dict) else None, source))
+        prompts.append(Prompt(str(key), text, row.get("category") if isinstance(row, dict) else None, source,
+                              _first_reference(row)))
     return prompts
 
 

@@ -26,6 +26,11 @@ Per method (notation of ALGORITHMS.md §3.4; p = target, q = draft):
   - f = (mean seconds of this method's target forwards that fed exactly γ+1 tokens, the first round excluded) / t₁:
     the measured cost of verifying a block relative to one autoregressive step (Leviathan assume f = 1).
   It ignores verification and bookkeeping time, which the measured speedup includes.
+
+Also per method, when the records carry them: FLOPs per generated token (`bench.flops`, convention stated there),
+the quality aggregates of `bench.quality.summarize_quality` (NLL / perplexity under the target, ROUGE-L, each with a
+95% bootstrap interval over prompts), and for SPRINTER methods the learned verifier's online operating point
+η_FP / η_TP pooled over every drafted token of every prompt (`verifier_rates`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ from statistics import fmean
 from typing import Any
 
 import numpy as np
+
+from verispec.bench.flops import summarize_flops
+from verispec.bench.quality import summarize_quality
 
 
 def _rounds(records: Sequence[dict[str, Any]], skip_first: bool = False) -> list[dict[str, Any]]:
@@ -95,16 +103,44 @@ def bootstrap_speedup(
     return float(lo), float(hi)
 
 
+def verifier_rates(records: Sequence[dict[str, Any]]) -> dict[str, float | int | None]:
+    """Return the learned verifier's online η_FP = P(accept | unacceptable), η_TP = P(accept | acceptable) and the
+    token count, pooled over the records' drafted tokens (acceptable: q(x) ≤ p(x) in the same round's target pass)."""
+    pairs = [(a, ok) for r in _rounds(records) for a, ok in zip(r.get("verifier_accepts") or [],
+                                                                 r.get("acceptable") or [], strict=True)]
+    bad, good = [a for a, ok in pairs if not ok], [a for a, ok in pairs if ok]
+    return {"eta_fp": sum(bad) / len(bad) if bad else None, "eta_tp": sum(good) / len(good) if good else None,
+            "verifier_tokens": len(pairs)}
+
+
+SD_FORMULA_METHODS = ("sd", "hf-assisted")
+
+
+def paired_speedup(
+    base: dict[int, dict[str, Any]], mine: dict[int, dict[str, Any]], resamples: int, seed: int
+) -> tuple[float | None, tuple[float, float] | None]:
+    """Return (speedup of `mine` over `base`, its 95% bootstrap interval) over the prompts both decoded."""
+    shared = sorted(set(base) & set(mine))
+    pairs = [((base[i]["trace"]["time_total"], base[i]["trace"]["generated"]),
+              (mine[i]["trace"]["time_total"], mine[i]["trace"]["generated"])) for i in shared]
+    b_sec, b_tok = sum(p[0][0] for p in pairs), sum(p[0][1] for p in pairs)
+    m_sec, m_tok = sum(p[1][0] for p in pairs), sum(p[1][1] for p in pairs)
+    speedup = (b_sec / b_tok) / (m_sec / m_tok) if b_tok and m_tok and b_sec and m_sec else None
+    return speedup, bootstrap_speedup([p[0] for p in pairs], [p[1] for p in pairs], resamples, seed)
+
+
 def summarize(
     records: Sequence[dict[str, Any]],
     methods: Sequence[str],
     baseline: str | None = None,
-    gamma: int | None = None,
+    gamma: int | dict[str, int] | None = None,
     resamples: int = 2000,
     seed: int = 0,
+    compare_to: str | None = None,
 ) -> list[dict[str, Any]]:
     """Return one aggregate row per method (keys in the module docstring); speedups are vs `baseline` (default:
-    the first method), over the prompts both decoded."""
+    the first method), over the prompts both decoded; with `compare_to`, also `speedup_vs_<compare_to>`.
+    `gamma`: one draft length for all methods, or one per method label."""
     baseline = baseline or methods[0]
     by_method = {m: {rec["prompt_index"]: rec for rec in records if rec["method"] == m} for m in methods}
     base = by_method.get(baseline, {})
@@ -133,23 +169,24 @@ def summarize(
             "target_calls_per_token": target_calls / tokens if tokens else None,
             "draft_calls_per_token": draft_calls / tokens if tokens else None,
         }
-        # Speedup and its interval over the prompts that both the baseline and this method decoded.
         shared = sorted(set(base) & set(by_method[method]))
-        pairs = [((base[i]["trace"]["time_total"], base[i]["trace"]["generated"]),
-                  (by_method[method][i]["trace"]["time_total"], by_method[method][i]["trace"]["generated"]))
-                 for i in shared]
-        b_sec, b_tok = sum(p[0][0] for p in pairs), sum(p[0][1] for p in pairs)
-        m_sec, m_tok = sum(p[1][0] for p in pairs), sum(p[1][1] for p in pairs)
-        row["speedup"] = (b_sec / b_tok) / (m_sec / m_tok) if b_tok and m_tok and b_sec and m_sec else None
-        row["speedup_ci95"] = bootstrap_speedup([p[0] for p in pairs], [p[1] for p in pairs], resamples, seed)
+        row["speedup"], row["speedup_ci95"] = paired_speedup(base, by_method[method], resamples, seed)
+        if compare_to is not None:
+            versus = paired_speedup(by_method[compare_to], by_method[method], resamples, seed)
+            row[f"speedup_vs_{compare_to}"], row[f"speedup_vs_{compare_to}_ci95"] = versus
         row["same_tokens_as_baseline"] = (
             sum(base[i]["tokens"] == by_method[method][i]["tokens"] for i in shared) / len(shared) if shared else None
         )
-        if drafted and gamma is not None:
-            c, f = measured_costs(mine, gamma, t1)
-            theory = theoretical_speedup(row["alpha"], gamma, c, f)
+        method_gamma = gamma.get(method) if isinstance(gamma, dict) else gamma
+        # The SD formula models single-path token verification with a fixed draft length only.
+        if drafted and method_gamma is not None and method.split(":")[0] in SD_FORMULA_METHODS:
+            c, f = measured_costs(mine, method_gamma, t1)
+            theory = theoretical_speedup(row["alpha"], method_gamma, c, f)
             row.update(cost_draft_c=c, cost_block_f=f, theoretical_speedup=theory)
         else:
             row.update(cost_draft_c=None, cost_block_f=None, theoretical_speedup=None)
+        row.update(summarize_flops(mine))
+        row.update(verifier_rates(mine))
+        row.update(summarize_quality(mine, resamples, seed))
         rows.append(row)
     return rows

@@ -1,4 +1,5 @@
-"""Reports from a results JSON (`runner.run_bench`): a markdown table and a speedup plot with 95% intervals."""
+"""Reports from a results JSON (`runner.run_bench`): markdown tables and a speedup plot with 95% intervals; for a
+`--quality` run also a speed-vs-quality (Pareto) plot (`bench.pareto`)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,49 @@ FULL_COLUMNS: list[Column] = [
 ]
 
 
+def _with_ci(row: dict[str, Any], key: str, spec: str, count: bool = False) -> str:
+    """Return `value [lo, hi]` (and `, n = prompts` with `count`) of an aggregate with a 95% interval."""
+    value, ci = row.get(key), row.get(f"{key}_ci95")
+    if value is None:
+        return "-"
+    text = format(value, spec) + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else "")
+    return text + (f", n = {row.get(f'{key}_prompts')}" if count else "")
+
+
+# Quality (bench --quality), FLOPs and SPRINTER's online operating point: the second table of `verispec report`.
+QUALITY_COLUMNS: list[Column] = [
+    ("method", lambda r: str(r["method"])),
+    ("scored prompts", lambda r: str(r.get("quality_prompts") or 0)),
+    ("NLL/token [95% CI]", lambda r: _with_ci(r, "nll_per_token", ".3f")),
+    ("perplexity [95% CI]", lambda r: _with_ci(r, "ppl", ".2f")),
+    ("ROUGE-L vs ar [95% CI]", lambda r: _with_ci(r, "rouge_l_vs_ar", ".3f", count=True)),
+    ("ROUGE-L vs reference [95% CI]", lambda r: _with_ci(r, "rouge_l_vs_reference", ".3f", count=True)),
+    ("GFLOPs/token", lambda r: _fmt(r.get("flops_per_token") and r["flops_per_token"] / 1e9, ".4g")),
+    ("decode GFLOPs/token", lambda r: _fmt(r.get("flops_per_token_decode") and r["flops_per_token_decode"] / 1e9,
+                                           ".4g")),
+    ("η_FP", lambda r: _fmt(r.get("eta_fp"), ".3f")),
+    ("η_TP", lambda r: _fmt(r.get("eta_tp"), ".3f")),
+    ("verifier tokens", lambda r: str(r.get("verifier_tokens") or "-")),
+]
+
+QUALITY_NOTE = (
+    "NLL/token: Σ NLL / Σ tokens of the outputs under the target given the same prompt ids (temperature-1 softmax "
+    "of the raw logits: the model's perplexity, not that of the processed sampling law; EOS scored when it ended an "
+    "output); perplexity = exp(NLL/token). ROUGE-L: LCS-based F1, vs the `ar` output of the same prompt and seed on "
+    "token ids, vs reference answers on whitespace words; mean over the n prompts that have the comparison. "
+    "Intervals: 95% percentile bootstrap over prompts. `draft` (the draft alone) is the quality floor. FLOPs: "
+    "2·N·tokens per forward of every model (N = linear-layer weights, LM head included) plus attention "
+    "4·L·d_attn·context per token, plus 2·F per learned-verifier score; decode GFLOPs/token leaves out each model's "
+    "prompt prefill (convention: `verispec/bench/flops.py`). η_FP / η_TP: the learned verifier's acceptance rate "
+    "among unacceptable / acceptable drafted tokens (q(x) ≤ p(x)), measured online and pooled over prompts."
+)
+
+
+def _has_quality_or_cost(rows: Sequence[dict[str, Any]]) -> bool:
+    keys = ("flops_per_token", "nll_per_token", "rouge_l_vs_ar", "rouge_l_vs_reference", "eta_fp", "eta_tp")
+    return any(r.get(k) is not None for r in rows for k in keys)
+
+
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column] = COMPACT_COLUMNS) -> str:
     """Return the aggregate rows as a markdown table with `columns` (header, formatter)."""
     lines = ["| " + " | ".join(h for h, _ in columns) + " |",
@@ -60,8 +104,9 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column] = COM
     return "\n".join(lines)
 
 
-def render_markdown(results: dict[str, Any]) -> str:
-    """Return the markdown report: settings, machine, the full table and what the columns mean."""
+def render_markdown(results: dict[str, Any], profile: Any = None) -> str:
+    """Return the markdown report: settings, machine, the full table and what the columns mean; with a
+    `costmodel.HardwareProfile`, also a separate section of modelled (not measured) times (`render_modelled`)."""
     cfg, machine = results["config"], results["machine"]
     baseline = cfg.get("baseline") or ("ar" if "ar" in cfg["methods"] else cfg["methods"][0])
     n_prompts = len({r["prompt_index"] for r in results["records"]})
@@ -84,6 +129,10 @@ def render_markdown(results: dict[str, Any]) -> str:
         "drafted token and f: target cost of a γ+1-token block, both relative to a measured 1-token target forward; "
         "theoretical speedup (1 − α^{γ+1}) / ((1 − α)(γc + f)) (ALGORITHMS.md §3.4).",
     ]
+    if _has_quality_or_cost(results["aggregate"]):
+        lines += ["", "## Quality and cost", "", format_table(results["aggregate"], QUALITY_COLUMNS), "", QUALITY_NOTE]
+    if profile is not None:
+        lines += ["", render_modelled(results, profile, baseline)]
     return "\n".join(lines) + "\n"
 
 
@@ -119,9 +168,13 @@ def plot_speedup(results: dict[str, Any], path: str | Path) -> Path:
 
 
 def write_report(
-    results_path: str | Path, markdown_path: str | Path | None = None, plot_path: str | Path | None = None
+    results_path: str | Path, markdown_path: str | Path | None = None, plot_path: str | Path | None = None,
+    profile_path: str | Path | None = None,
 ) -> tuple[str, Path, Path]:
-    """Render `results_path`; write the markdown (default: beside it, .md) and the plot (default: _speedup.png).
+    """Render `results_path`; write the markdown (default: beside it, .md) and the plot (default: _speedup.png);
+    with quality scores also RESULTS_pareto.png beside the results: speedup against ROUGE-L vs ar at temperature 0,
+    against the target's NLL per token otherwise (or when `ar` did not run).
+    With `profile_path` (a `verispec profile` JSON) the markdown gets a section of modelled times.
 
     Return (markdown text, markdown path, plot path).
     """
@@ -132,11 +185,80 @@ def write_report(
         raise ConfigError(f"cannot read results file {results_path}: {exc}") from exc
     if "aggregate" not in results or "records" not in results:
         raise ConfigError(f"{results_path} is not a verispec bench results file (no 'aggregate' / 'records')")
-    markdown = render_markdown(results)
+    profile = None
+    if profile_path is not None:
+        from verispec.costmodel import HardwareProfile
+
+        profile = HardwareProfile.load(profile_path)
+    markdown = render_markdown(results, profile)
     markdown_path = Path(markdown_path) if markdown_path else results_path.with_suffix(".md")
     plot_path = Path(plot_path) if plot_path else results_path.with_name(results_path.stem + "_speedup.png")
     plot_speedup(results, plot_path)
     link = f"\n![speedup]({plot_path.name})\n" if plot_path.parent.resolve() == markdown_path.parent.resolve() else ""
+    rows = results["aggregate"]
+    # At temperature > 0 two samples of the same law differ, so ROUGE-L vs one ar sample says little: plot NLL.
+    order = ("rouge_l_vs_ar", "nll_per_token") if results["config"].get("temperature") == 0 else ("nll_per_token",)
+    y = next((k for k in order if any(r.get(k) is not None and r.get("speedup") is not None for r in rows)), None)
+    if y is not None:  # a quality run: the speed-quality plot too, beside the results
+        from verispec.bench.pareto import plot_pareto
+
+        pareto = plot_pareto(results, results_path.with_name(results_path.stem + "_pareto.png"), y=y)
+        if pareto.parent.resolve() == markdown_path.parent.resolve():
+            link += f"\n![speed vs quality]({pareto.name})\n"
     markdown_path.parent.mkdir(parents=True, exist_ok=True)
     markdown_path.write_text(markdown + link)
     return markdown, markdown_path, plot_path
+
+
+# ---- Modelled times (verispec.costmodel): predictions from a hardware profile, kept apart from measurements. ----
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.{1 if seconds >= 0.01 else 3}f}"  # CPU ~100 ms, GPU < 1 ms
+
+
+def _ms_pair(row: dict[str, Any], part: str) -> str:
+    tokens = row["tokens"] or 1
+    return f"{_ms(row[f'measured_{part}'] / tokens)} / {_ms(row[f'modelled_{part}'] / tokens)}"
+
+
+def render_modelled(results: dict[str, Any], profile: Any, baseline: str) -> str:
+    """Return the markdown section of modelled times: this run's decode counts priced with `profile`."""
+    from verispec.bench.metrics import theoretical_speedup
+    from verispec.costmodel import KIND_MODELLED, cost_ratios, modelled_speedup
+
+    cfg = results["config"]
+    rows = modelled_speedup(results["records"], profile, baseline)
+    alpha = {r["method"]: r.get("alpha") for r in results["aggregate"]}
+    c, f = cost_ratios(profile, cfg["gamma"]) if {"target", "draft"} <= set(profile.models) else (None, None)
+    for row in rows:
+        row["profile_theory"] = theoretical_speedup(alpha.get(row["method"]), cfg["gamma"], c, f)
+    target = profile.models.get("target")
+    device = cfg.get("device", "cpu")
+    run = (cfg["dtype"], device, cfg.get("linear_backend", "torch") if device.startswith("cpu") else "torch")
+    # Only a profile measured on this machine and device can be checked against this run's measured times.
+    here = (profile.kind != KIND_MODELLED and target is not None and target.device == run[1]
+            and profile.machine.get("platform") == results["machine"].get("platform"))
+    accelerator = profile.kind == KIND_MODELLED or (target is not None and target.device != "cpu")
+    columns: list[Column] = [
+        ("method", lambda r: str(r["method"])),
+        ("measured speedup", lambda r: _fmt(r["measured_speedup"], ".2f", "x")),
+        ("modelled ms/token", lambda r: _ms(r["modelled_seconds_per_token"])),
+        ("modelled speedup", lambda r: _fmt(r["modelled_speedup"], ".2f", "x")),
+        ("theoretical speedup at profile c, f", lambda r: _fmt(r["profile_theory"], ".2f", "x")),
+    ]
+    if here:
+        columns[1:1] = [("measured ms/token", lambda r: _ms(r["measured_seconds_per_token"]))]
+        columns += [("modelled / measured", lambda r: _fmt(r["model_over_measured"], ".3f"))]
+        columns += [(f"{part} ms/token measured / modelled", lambda r, p=part: _ms_pair(r, p))
+                    for part in ("target", "draft", "verify", "other")]
+    title = ("Modelled (measured profile) vs measured" if here else "Modelled (accelerator profile)" if accelerator
+             else "Modelled (profile of another machine)")
+    lines = [f"## {title}", "",
+             f"**Modelled, not measured.** Profile: {profile.description}. Each decode's recorded counts (target "
+             "forwards with their token counts, draft forwards, rounds) are priced with the profile's forward costs "
+             "t(k), context slope and per-round overheads (verispec/costmodel.py)"
+             + (f"; c = {c:.3f}, f(γ+1) = {f:.2f}." if c is not None else ".")]
+    if here and (target.dtype, target.device, target.linear_backend) != run:
+        lines.append(f"Warning: the profile was measured with {target.dtype} on {target.device} (linear backend "
+                     f"{target.linear_backend}), the run used {run[0]} on {run[1]} (linear backend {run[2]}).")
+    return "\n".join([*lines, "", format_table(rows, columns)])

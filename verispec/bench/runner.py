@@ -8,7 +8,8 @@ same fields.
 
 The results file holds: `schema`, `config` (the BenchConfig), `machine`, `versions`, `git_commit`, `git_dirty`,
 `started`, `wall_seconds`, `aggregate` (one row per method, `metrics.summarize`) and `records` (one per prompt and
-method: `prompt_index`, `prompt_id`, `category`, `prompt`, `method`, `order`, then `Generation.to_dict()`).
+method: `prompt_index`, `prompt_id`, `category`, `prompt`, `method`, `order`, then `Generation.to_dict()`, then
+`flops` (`bench.flops`) and, with `quality`, `quality` (`bench.quality`), both computed after the timed runs).
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ import torch
 
 from verispec.api import Decoder
 from verispec.bench.datasets import Prompt, load_prompts
+from verispec.bench.flops import add_flops
 from verispec.bench.metrics import summarize
 from verispec.bench.peers import PEERS, peer_generate
+from verispec.bench.quality import quality_records
+from verispec.bench.variants import MethodVariant, parse_method
 from verispec.engine import DecodeConfig
 from verispec.errors import ConfigError
 from verispec.methods import METHODS
+from verispec.models.loading import DEFAULT_LINEAR_BACKEND
 from verispec.sampling import SamplingConfig
 
 SCHEMA = "verispec.bench/1"
@@ -59,14 +64,22 @@ class BenchConfig:
     draft: str | None = None  # draft model, likewise
     dtype: str = "float32"  # model weights: float32 | bfloat16 | float16 | float64
     device: str = "cpu"  # torch device of both models
+    linear_backend: str = DEFAULT_LINEAR_BACKEND  # verispec's methods: "onednn" (packed CPU linears) or "torch"
+    peer_linear_backend: str = "torch"  # the transformers peers run transformers as users run it, by default
+    verifier: str | None = None  # SPRINTER methods: the learned verifier file
+    compare_to: str | None = None  # a second reference: rows also get the speedup vs this method (e.g. "sd")
     warmup_tokens: int = 8  # per method, one excluded decode of this many tokens of the first prompt; 0 = none
     bootstrap_resamples: int = 2000  # resamples of the prompts for the speedup's 95% interval
     bootstrap_seed: int = 0  # seeds those resamples (numpy default_rng)
+    quality: bool = False  # after the timed runs: target NLL of every output, ROUGE-L vs `ar` and vs references
 
     def __post_init__(self) -> None:
-        unknown = [m for m in self.methods if m not in METHODS and m not in PEERS]
-        if unknown or not self.methods:
-            raise ConfigError(f"unknown method(s) {unknown}; choose from: {', '.join([*METHODS, *PEERS])}")
+        if not self.methods:
+            raise ConfigError(f"no methods; choose from: {', '.join([*METHODS, *PEERS])}")
+        for label in self.methods:
+            self.variant(label)
+        if self.compare_to is not None and self.compare_to not in self.methods:
+            raise ConfigError(f"compare_to {self.compare_to!r} is not among the methods {self.methods}")
         if len(set(self.methods)) != len(self.methods):
             raise ConfigError(f"methods are listed twice: {self.methods}")
         if self.baseline is not None and self.baseline not in self.methods:
@@ -80,14 +93,21 @@ class BenchConfig:
         """Return the method speedups are measured against."""
         return self.baseline or ("ar" if "ar" in self.methods else self.methods[0])
 
+    def variant(self, label: str) -> MethodVariant:
+        """Return the parsed method variant `label` (e.g. "sd:gamma=2")."""
+        return parse_method(label, {*METHODS, *PEERS})
+
     def sampling(self) -> SamplingConfig:
         """Return the sampling settings shared by every method."""
         return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
-    def decode_config(self, index: int, max_new_tokens: int | None = None) -> DecodeConfig:
-        """Return the decode settings of prompt `index` (an engine method's name is filled in by the caller)."""
-        return DecodeConfig(method="sd", gamma=self.gamma, max_new_tokens=max_new_tokens or self.max_new_tokens,
-                            sampling=self.sampling(), seed=self.seed + index)
+    def decode_config(self, index: int, max_new_tokens: int | None = None, label: str | None = None) -> DecodeConfig:
+        """Return the decode settings of prompt `index` for method variant `label` (validated)."""
+        variant = self.variant(label) if label else None
+        name = variant.name if variant and variant.name in METHODS else "sd"
+        settings = {"gamma": self.gamma, **(variant.overrides if variant else {})}
+        return DecodeConfig(method=name, max_new_tokens=max_new_tokens or self.max_new_tokens,
+                            sampling=self.sampling(), seed=self.seed + index, **settings)
 
 
 def git_state() -> tuple[str | None, bool | None]:
@@ -144,16 +164,19 @@ def machine_description(device: str = "cpu") -> dict[str, Any]:
 
 
 def decode_one(decoder: Decoder, config: BenchConfig, method: str, prompt: Prompt, index: int,
-               max_new_tokens: int | None = None) -> Any:
-    """Decode `prompt` with `method` (engine method or peer); return its Generation / PeerGeneration."""
-    settings = config.decode_config(index, max_new_tokens)
-    if method in PEERS:
-        return peer_generate(decoder, prompt.text, method, settings.gamma, settings.sampling,
+               max_new_tokens: int | None = None, peer_decoder: Decoder | None = None) -> Any:
+    """Decode `prompt` with method variant `method` (engine method or peer); return its Generation /
+    PeerGeneration. Peers run on `peer_decoder` when given (transformers' own linears)."""
+    name = config.variant(method).name
+    settings = config.decode_config(index, max_new_tokens, method)
+    if name in PEERS:
+        return peer_generate(peer_decoder or decoder, prompt.text, name, settings.gamma, settings.sampling,
                              settings.max_new_tokens, settings.seed, config.chat_template)
     s = settings.sampling
-    return decoder.generate(prompt.text, method=method, gamma=settings.gamma, temperature=s.temperature,
+    return decoder.generate(prompt.text, method=name, gamma=settings.gamma, temperature=s.temperature,
                             top_k=s.top_k, top_p=s.top_p, max_new_tokens=settings.max_new_tokens,
-                            seed=settings.seed, chat_template=config.chat_template)
+                            seed=settings.seed, chat_template=config.chat_template, paths=settings.paths,
+                            cap=settings.cap, tau=settings.tau)
 
 
 def run_bench(
@@ -172,10 +195,18 @@ def run_bench(
     if not prompts:
         raise ConfigError("no prompts to run")
     if decoder is None:
-        decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device)
+        decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
+                          verifier=config.verifier, linear_backend=config.linear_backend)
+    peer_decoder = None
+    # The peers get models of their own only when verispec's models run another linear path than theirs.
+    if any(config.variant(m).name in PEERS for m in config.methods) and (
+        decoder.model("target").linear_backend != config.peer_linear_backend
+    ):
+        peer_decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
+                               linear_backend=config.peer_linear_backend)
     if config.warmup_tokens:
         for method in config.methods:
-            decode_one(decoder, config, method, prompts[0], 0, max_new_tokens=config.warmup_tokens)
+            decode_one(decoder, config, method, prompts[0], 0, config.warmup_tokens, peer_decoder)
 
     records: list[dict[str, Any]] = []
     started, start = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter()
@@ -183,11 +214,16 @@ def run_bench(
     for index, prompt in enumerate(prompts):
         for method in config.methods:
             bar.set_postfix_str(f"prompt {index + 1}/{len(prompts)} {method}")
-            gen = decode_one(decoder, config, method, prompt, index)
+            gen = decode_one(decoder, config, method, prompt, index, peer_decoder=peer_decoder)
             records.append({"prompt_index": index, "prompt_id": prompt.id, "category": prompt.category,
                             "prompt": prompt.text, "method": method, "order": len(records), **gen.to_dict()})
             bar.update()
     bar.close()
+    wall_seconds = time.perf_counter() - start
+    # Scoring happens after the timed runs, so it never touches a measured decode.
+    add_flops(records, decoder)
+    if config.quality:
+        quality_records(records, decoder, config.chat_template, {i: p.reference for i, p in enumerate(prompts)})
 
     commit, dirty = git_state()
     result = {
@@ -198,9 +234,10 @@ def run_bench(
         "git_commit": commit,
         "git_dirty": dirty,
         "started": started,
-        "wall_seconds": time.perf_counter() - start,
-        "aggregate": summarize(records, config.methods, config.baseline_method, config.gamma,
-                               config.bootstrap_resamples, config.bootstrap_seed),
+        "wall_seconds": wall_seconds,
+        "aggregate": summarize(records, config.methods, config.baseline_method,
+                               {m: config.decode_config(0, label=m).gamma for m in config.methods},
+                               config.bootstrap_resamples, config.bootstrap_seed, config.compare_to),
         "records": records,
     }
     if out_path is not None:

@@ -1,0 +1,116 @@
+"""The speed-quality plot: the Pareto front by hand, PNGs from one or several runs, and the report's quality table."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from verispec.bench.metrics import summarize
+from verispec.bench.pareto import Point, pareto_front, pareto_points, plot_pareto
+from verispec.bench.report import QUALITY_COLUMNS, format_table, write_report
+from verispec.bench.runner import BenchConfig
+from verispec.cli import main
+from verispec.errors import ConfigError
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _p(speed, quality, label="m"):
+    return Point(label, speed, None, quality, None)
+
+
+def test_pareto_front_by_hand():
+    a, b, c, d = _p(1.0, 1.0, "a"), _p(2.0, 0.8, "b"), _p(1.5, 0.7, "c"), _p(0.5, 0.9, "d")
+    assert pareto_front([a, b, c, d]) == [a, b]  # c is beaten by b, d by a
+    # Lower is better (NLL): c has the lowest value and beats a and d (it is also faster); b is the fastest.
+    assert pareto_front([a, b, c, d], higher_is_better=False) == [c, b]
+    assert pareto_front([a, a]) == [a, a]  # equal points do not dominate each other
+
+
+def _record(method, index, seconds, drafted, accepted, nll, rouge, reference=None):
+    rounds = [dict(drafted=drafted, accepted=accepted, emitted=accepted + 1, fed=drafted + 1, time_draft=0.001,
+                   time_decode=0.01, time_verify=0.0) for _ in range(4)]
+    generated = sum(r["emitted"] for r in rounds)
+    trace = dict(rounds=rounds, generated=generated, time_total=seconds, target_calls=4, draft_calls=4 * drafted)
+    quality = dict(nll=nll * generated, tokens=generated, rouge_l_vs_ar=rouge, rouge_l_vs_reference=reference)
+    flops = dict(total=1e9 * generated, prefill=0)
+    return dict(method=method, prompt_index=index, prompt_id=str(index), tokens=list(range(generated)), trace=trace,
+                quality=quality, flops=flops)
+
+
+def _results(sd_seconds=0.5, sd_rouge=1.0):
+    records = [r for i in range(5) for r in (
+        _record("ar", i, 1.0 + 0.1 * i, 0, 0, 2.0 + 0.1 * i, 1.0, 0.5),
+        _record("sd", i, sd_seconds + 0.02 * i, 3, 2, 2.0 + 0.1 * i, sd_rouge - 0.05 * i, 0.5),
+        _record("draft", i, 0.3, 0, 0, 3.0 + 0.2 * i, 0.4 + 0.02 * i))]
+    config = BenchConfig(methods=["ar", "sd", "draft"], gamma=3)
+    return {"schema": "verispec.bench/1", "config": asdict(config), "started": "2026-01-01T00:00:00",
+            "machine": {"platform": "TestOS", "processor": "x86_64", "cpu_threads": 2, "torch": "2",
+                        "transformers": "5"},
+            "aggregate": summarize(records, config.methods, "ar", config.gamma, 300, 0), "records": records}
+
+
+def test_points_carry_both_intervals_and_plot_is_a_png(tmp_path):
+    results = _results()
+    points = {p.label: p for p in pareto_points([("", results)])}
+    assert set(points) == {"ar", "sd", "draft"}
+    sd = points["sd"]
+    assert sd.speed == results["aggregate"][1]["speedup"] and sd.speed_ci[0] <= sd.speed <= sd.speed_ci[1]
+    assert sd.quality == pytest.approx(0.9) and sd.quality_ci[0] <= 0.9 <= sd.quality_ci[1]
+    nll = {p.label: p.quality for p in pareto_points([("", results)], "nll_per_token")}
+    assert nll["draft"] == pytest.approx(3.4) and nll["ar"] == pytest.approx(2.2)
+    path = plot_pareto(results, tmp_path / "sub" / "pareto.png")
+    data = path.read_bytes()
+    assert data[:8] == PNG and len(data) > 5000
+
+
+def test_several_runs_are_labelled(tmp_path):
+    runs = [("tau0.3", _results(0.4, 0.8)), ("tau0.7", _results(0.6, 1.0))]
+    labels = [p.label for p in pareto_points(runs)]
+    assert labels == ["tau0.3: ar", "tau0.3: sd", "tau0.3: draft", "tau0.7: ar", "tau0.7: sd", "tau0.7: draft"]
+    assert plot_pareto(runs, tmp_path / "two.png", y="ppl").read_bytes()[:8] == PNG
+
+
+def test_bad_axis_or_no_points_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="unknown quality axis"):
+        pareto_points([("", _results())], "bleu")
+    results = _results()
+    for row in results["aggregate"]:
+        row["rouge_l_vs_ar"] = None
+    with pytest.raises(ConfigError, match="--quality"):
+        plot_pareto(results, tmp_path / "none.png")
+
+
+def test_report_adds_the_quality_table_and_the_pareto_plot(tmp_path, monkeypatch):
+    from verispec.bench import pareto as pareto_module
+
+    axes = []
+    original = pareto_module.plot_pareto
+    monkeypatch.setattr(pareto_module, "plot_pareto", lambda r, p, y: axes.append(y) or original(r, p, y))
+    results = _results()
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(dict(results, config=dict(results["config"], temperature=0.7))))
+    write_report(path)
+    path.write_text(json.dumps(results))
+    markdown, md_path, _ = write_report(path)
+    assert axes == ["nll_per_token", "rouge_l_vs_ar"]  # ROUGE-L vs one ar sample only at temperature 0
+    assert "## Quality and cost" in markdown and format_table(results["aggregate"], QUALITY_COLUMNS) in markdown
+    draft_row = next(line for line in markdown.splitlines() if line.startswith("| draft | 5 | 3.400 ["))
+    assert "0.440 [" in draft_row and ", n = 5 |" in draft_row and "| 1 | 1 |" in draft_row  # 1 GFLOP per token
+    assert "95% percentile bootstrap over prompts" in markdown
+    pareto = tmp_path / "results_pareto.png"
+    assert pareto.read_bytes()[:8] == PNG and "![speed vs quality](results_pareto.png)" in md_path.read_text()
+
+
+def test_pareto_cli(tmp_path, capsys):
+    files = []
+    for name, seconds in (("a", 0.4), ("b", 0.6)):
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(_results(seconds)))
+    out = tmp_path / "p.png"
+    assert main(["pareto", *map(str, files), "--out", str(out), "--y", "nll_per_token"]) == 0
+    assert out.read_bytes()[:8] == PNG and str(out) in capsys.readouterr().out
+    assert main(["pareto", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read results file" in capsys.readouterr().err
