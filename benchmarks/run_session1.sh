@@ -4,7 +4,7 @@
 # prompts (dev split shuffled with seed 0: training = positions 0-59, issue-3/4 runs = 100-105, SPRINTER eval = 200+).
 set -euo pipefail
 export HF_HUB_OFFLINE=1
-V=".venv/bin/verispec"
+V=".venv/bin/python -m verispec"
 DEV="spec-bench:../shared/data/spec_bench/dev.jsonl"
 N=${N:-48}        # new tokens per prompt
 P=${P:-6}         # prompts per prompt set
