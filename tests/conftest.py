@@ -6,11 +6,21 @@ import copy
 import os
 
 import pytest
+import torch
 
 from verispec.models.hf import HFCausalLM
 from verispec.models.tiny import perturb, tiny_qwen2, tiny_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # an accidental hub call fails at once instead of hanging
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and a shared machine stays quiet; restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ import json
 from dataclasses import asdict
 
 import pytest
-import torch
 
 from verispec.bench.metrics import alpha_estimate, summarize, theoretical_speedup
 from verispec.bench.report import write_report
@@ -29,14 +28,7 @@ from verispec.engine import DecodeConfig, Engine
 from verispec.errors import ConfigError
 from verispec.trace import RoundTrace, Trace
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and a shared machine stays quiet."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def hand_profile() -> HardwareProfile:

@@ -4,12 +4,9 @@ CPU (a 20x slowdown for [256, 8] matmuls); the previous setting is restored afte
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _learned_tests_on_one_thread(one_thread):
+    """Every module here runs on one thread (the shared `one_thread` fixture of tests/conftest.py)."""
     yield
-    torch.set_num_threads(threads)

@@ -99,8 +99,6 @@ def plot_pareto(
     ax.set_title(f"{prompts} prompts from {cfg['prompts']}, γ={cfg['gamma']}, T={cfg['temperature']}; "
                  f"error bars: 95% bootstrap intervals", fontsize=8)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    from verispec.bench.report import save_figure  # report imports this module lazily, so no cycle
+
+    return save_figure(fig, path)

@@ -160,6 +160,11 @@ def plot_speedup(results: dict[str, Any], path: str | Path) -> Path:
     ax.set_title(f"{len({r['prompt_index'] for r in results['records']})} prompts from {cfg['prompts']}, "
                  f"γ={cfg['gamma']}, T={cfg['temperature']}", fontsize=9)
     ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Lay out `fig`, write it to `path` (creating the folder) and return the path."""
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
