@@ -56,7 +56,9 @@ def test_results_json_schema(calls_and_result):
     on_disk = json.loads(out.read_text())
     assert on_disk == json.loads(json.dumps(result))
     assert set(on_disk) == {"schema", "config", "machine", "versions", "git_commit", "git_dirty", "started",
-                            "wall_seconds", "aggregate", "records"}
+                            "wall_seconds", "runs", "aggregate", "records"}
+    assert len(on_disk["runs"]) == 1 and on_disk["runs"][0]["prompts"] == [0, 1, 2]
+    assert {r["run"] for r in on_disk["records"]} == {0}
     assert on_disk["schema"] == SCHEMA and on_disk["config"] == asdict(config)
     assert {"platform", "processor", "cpu_threads", "torch", "transformers"} <= set(on_disk["machine"])
     assert {"python", "verispec", "torch", "transformers"} <= set(on_disk["versions"])
@@ -143,3 +145,80 @@ def test_method_variants_run_with_their_own_settings(decoder):
     for bad in ["sd:gamma", "sd:beta=2", "sd:gamma=x", "zz"]:
         with pytest.raises(ConfigError):
             parse_method(bad, {"sd"})
+
+
+def _logged_run(decoder, config, out, prompts, resume):
+    """Run the bench; return (result, the (method, prompt id) of every measured decode)."""
+    calls = []
+    original = runner.decode_one
+
+    def logged(decoder, config, method, prompt, index, max_new_tokens=None, peer_decoder=None):
+        if max_new_tokens is None:
+            calls.append((method, prompt.id))
+        return original(decoder, config, method, prompt, index, max_new_tokens, peer_decoder)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "decode_one", logged)
+        result = run_bench(config, out, decoder=decoder, prompts=prompts, progress=False, resume=resume)
+    return result, calls
+
+
+def test_resume_runs_only_the_missing_prompts_and_keeps_the_rest(decoder, tmp_path):
+    out = tmp_path / "r.json"
+    config = BenchConfig(methods=["ar", "sd"], max_new_tokens=6, warmup_tokens=1, bootstrap_resamples=50, limit=2)
+    first, calls = _logged_run(decoder, config, out, PROMPTS[:2], resume=True)  # no file yet: a fresh run
+    assert calls == [(m, p) for p in "ab" for m in ("ar", "sd")]
+    grown = BenchConfig(**{**asdict(config), "limit": 3})  # the limit may grow on resume
+    second, calls = _logged_run(decoder, grown, out, PROMPTS, resume=True)
+    assert calls == [("ar", "c"), ("sd", "c")]
+    assert second["records"][:4] == first["records"]
+    assert [(r["prompt_id"], r["run"], r["order"]) for r in second["records"][4:]] == [("c", 1, 4), ("c", 1, 5)]
+    assert [run["prompts"] for run in second["runs"]] == [[0, 1], [2]]
+    assert json.loads(out.read_text()) == json.loads(json.dumps(second))
+    assert second["aggregate"][0]["prompts"] == 3
+    third, calls = _logged_run(decoder, grown, out, PROMPTS, resume=True)  # nothing left: nothing decoded
+    assert calls == [] and third["records"] == second["records"] and len(third["runs"]) == 2
+    fresh, calls = _logged_run(decoder, grown, out, PROMPTS, resume=False)  # without resume: start over
+    assert len(calls) == 6 and len(fresh["runs"]) == 1
+
+
+def test_resume_reruns_an_incomplete_prompt(decoder, tmp_path):
+    out = tmp_path / "r.json"
+    config = BenchConfig(methods=["ar", "sd"], max_new_tokens=5, warmup_tokens=0, bootstrap_resamples=50)
+    result, _ = _logged_run(decoder, config, out, PROMPTS[:2], resume=False)
+    result["records"] = result["records"][:3]  # as if stopped inside prompt "b"
+    out.write_text(json.dumps(result))
+    resumed, calls = _logged_run(decoder, config, out, PROMPTS[:2], resume=True)
+    assert calls == [("ar", "b"), ("sd", "b")]
+    assert [(r["prompt_id"], r["method"]) for r in resumed["records"]] == [
+        ("a", "ar"), ("a", "sd"), ("b", "ar"), ("b", "sd")]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"max_new_tokens": 7}, "max_new_tokens: 5 there, 7 now"),
+    ({"methods": ["ar"]}, "methods"),
+    ({"temperature": 1.0}, "temperature"),
+])
+def test_resume_refuses_other_settings(decoder, tmp_path, change, message):
+    out = tmp_path / "r.json"
+    config = BenchConfig(methods=["ar", "sd"], max_new_tokens=5, warmup_tokens=0, bootstrap_resamples=50)
+    run_bench(config, out, decoder=decoder, prompts=PROMPTS[:2], progress=False)
+    with pytest.raises(ConfigError, match=message):
+        run_bench(BenchConfig(**{**asdict(config), **change}), out, decoder=decoder, prompts=PROMPTS[:2],
+                  progress=False, resume=True)
+
+
+def test_resume_refuses_other_prompts_or_a_foreign_file(decoder, tmp_path):
+    out = tmp_path / "r.json"
+    config = BenchConfig(methods=["ar"], max_new_tokens=4, warmup_tokens=0, bootstrap_resamples=50)
+    run_bench(config, out, decoder=decoder, prompts=PROMPTS[:2], progress=False)
+    with pytest.raises(ConfigError, match="its prompt 1 is 'a', now it is 'b'"):
+        run_bench(config, out, decoder=decoder, prompts=PROMPTS[1:], progress=False, resume=True)
+    with pytest.raises(ConfigError, match="raise --limit"):
+        run_bench(config, out, decoder=decoder, prompts=PROMPTS[:1], progress=False, resume=True)
+    out.write_text("{not json")
+    with pytest.raises(ConfigError, match="cannot resume"):
+        run_bench(config, out, decoder=decoder, prompts=PROMPTS[:1], progress=False, resume=True)
+    out.write_text(json.dumps({"schema": "other"}))
+    with pytest.raises(ConfigError, match="not a verispec.bench/1 results file"):
+        run_bench(config, out, decoder=decoder, prompts=PROMPTS[:1], progress=False, resume=True)

@@ -112,6 +112,11 @@ def render_markdown(results: dict[str, Any], profile: Any = None) -> str:
     n_prompts = len({r["prompt_index"] for r in results["records"]})
     category = f", categories {', '.join(cfg['category'])}" if cfg.get("category") else ""
     commit = (results.get("git_commit") or "unknown")[:12] + (" (dirty)" if results.get("git_dirty") else "")
+    runs = results.get("runs", [])
+    parts = [f"{run['started']}, {len(run['prompts'])} prompts, commit {(run.get('git_commit') or '?')[:12]}"
+             for run in runs]
+    resumed = (f" Measured in {len(runs)} resumed runs (each prompt's methods within one run): "
+               + "; ".join(parts) + ".") if len(runs) > 1 else ""
     lines = [
         "# verispec benchmark",
         "",
@@ -120,7 +125,7 @@ def render_markdown(results: dict[str, Any], profile: Any = None) -> str:
         f"{cfg['dtype']} on {cfg.get('device', 'cpu')}; baseline `{baseline}`.",
         f"Machine: {machine['platform']}, {machine['processor']}, {machine['cpu_threads']} threads"
         f"{', ' + machine['gpu'] if machine.get('gpu') else ''}; torch {machine['torch']}, "
-        f"transformers {machine['transformers']}; commit {commit}; started {results.get('started', '?')}.",
+        f"transformers {machine['transformers']}; commit {commit}; started {results.get('started', '?')}.{resumed}",
         "",
         format_table(results["aggregate"], FULL_COLUMNS),
         "",

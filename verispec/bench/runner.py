@@ -179,69 +179,132 @@ def decode_one(decoder: Decoder, config: BenchConfig, method: str, prompt: Promp
                             cap=settings.cap, tau=settings.tau)
 
 
+# Settings that only select how many prompts run or how the aggregate is resampled: a resumed run may change them.
+RESUMABLE_CHANGES = ("limit", "bootstrap_resamples", "bootstrap_seed")
+
+
+def load_resumable(out_path: Path, config: BenchConfig, prompts: list[Prompt]) -> tuple[list[dict], list[dict]]:
+    """Return (records, runs) of an earlier results file at `out_path` that `config` may resume: same settings
+    (except `RESUMABLE_CHANGES`) and, prompt by prompt, the same prompts. ([], []) when there is no file yet."""
+    if not out_path.exists():
+        return [], []
+    try:
+        saved = json.loads(out_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot resume from {out_path}: {exc}") from exc
+    if not isinstance(saved, dict) or saved.get("schema") != SCHEMA:
+        raise ConfigError(f"cannot resume from {out_path}: not a {SCHEMA} results file")
+    ours, theirs = asdict(config), saved.get("config", {})
+    changed = [k for k in ours if k not in RESUMABLE_CHANGES and json.dumps(ours[k]) != json.dumps(theirs.get(k))]
+    if changed:
+        diff = ", ".join(f"{k}: {theirs.get(k)!r} there, {ours[k]!r} now" for k in changed)
+        raise ConfigError(f"cannot resume {out_path}: its run had other settings ({diff}); choose another --out or "
+                          f"run without --resume to start over")
+    records = saved.get("records", [])
+    for record in records:
+        index = record["prompt_index"]
+        if index >= len(prompts):
+            raise ConfigError(f"cannot resume {out_path}: it holds prompt {index + 1} but only {len(prompts)} are "
+                              f"selected now; raise --limit")
+        if (record["prompt_id"], record["prompt"]) != (prompts[index].id, prompts[index].text):
+            raise ConfigError(f"cannot resume {out_path}: its prompt {index + 1} is {record['prompt_id']!r}, now it "
+                              f"is {prompts[index].id!r} (another prompt set, order or offset)")
+    # A prompt counts as done only with every method's record (the file is written after each complete prompt).
+    done = {i for i in {r["prompt_index"] for r in records}
+            if {r["method"] for r in records if r["prompt_index"] == i} == set(config.methods)}
+    return [r for r in records if r["prompt_index"] in done], list(saved.get("runs", []))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(path.name + ".partial")
+    scratch.write_text(text)
+    os.replace(scratch, path)  # a run stopped mid-write never leaves a truncated results file
+
+
 def run_bench(
     config: BenchConfig,
     out_path: str | Path | None = DEFAULT_OUT,
     decoder: Decoder | None = None,
     prompts: list[Prompt] | None = None,
     progress: bool = True,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Run every method on every prompt (interleaved, warm-up excluded); write the results JSON to `out_path`
-    (None: don't) and return it. `decoder` and `prompts` override the models and prompts the config names."""
+    """Run every method on every prompt (interleaved, warm-up excluded); return the results and write them to
+    `out_path` (None: don't) after each prompt. `decoder` and `prompts` override the models and prompts the config
+    names. With `resume`, prompts already complete in `out_path` (same settings) are kept, not run again: a long
+    benchmark can stop and go on later; each record says in which `run` it was measured."""
     from tqdm import tqdm
 
     if prompts is None:
         prompts = load_prompts(config.prompts, config.category, config.limit, config.subset_seed, config.offset)
     if not prompts:
         raise ConfigError("no prompts to run")
-    if decoder is None:
-        decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
-                          verifier=config.verifier, linear_backend=config.linear_backend)
+    out_path = Path(out_path) if out_path is not None else None
+    if resume and out_path is None:
+        raise ConfigError("resume needs a results file to resume from")
+    records, runs = load_resumable(out_path, config, prompts) if resume else ([], [])
+    done = {r["prompt_index"] for r in records}
+    todo = [i for i in range(len(prompts)) if i not in done]
+    commit, dirty = git_state()
+    run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_seconds": 0.0, "prompts": [],
+           "machine": machine_description(config.device), "versions": versions(), "git_commit": commit,
+           "git_dirty": dirty}
     peer_decoder = None
-    # The peers get models of their own only when verispec's models run another linear path than theirs.
-    if any(config.variant(m).name in PEERS for m in config.methods) and (
-        decoder.model("target").linear_backend != config.peer_linear_backend
-    ):
-        peer_decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
-                               linear_backend=config.peer_linear_backend)
-    if config.warmup_tokens:
-        for method in config.methods:
-            decode_one(decoder, config, method, prompts[0], 0, config.warmup_tokens, peer_decoder)
+    if todo:
+        runs.append(run)
+        if decoder is None:
+            decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
+                              verifier=config.verifier, linear_backend=config.linear_backend)
+        # The peers get models of their own only when verispec's models run another linear path than theirs.
+        if any(config.variant(m).name in PEERS for m in config.methods) and (
+            decoder.model("target").linear_backend != config.peer_linear_backend
+        ):
+            peer_decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
+                                   linear_backend=config.peer_linear_backend)
+        if config.warmup_tokens:
+            for method in config.methods:
+                decode_one(decoder, config, method, prompts[todo[0]], todo[0], config.warmup_tokens, peer_decoder)
 
-    records: list[dict[str, Any]] = []
-    started, start = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter()
-    bar = tqdm(total=len(prompts) * len(config.methods), desc="bench", unit="decode", disable=not progress)
-    for index, prompt in enumerate(prompts):
+    def result() -> dict[str, Any]:
+        ordered = sorted(records, key=lambda r: r["order"])
+        return {
+            "schema": SCHEMA,
+            "config": asdict(config),
+            "machine": run["machine"],
+            "versions": run["versions"],
+            "git_commit": commit,
+            "git_dirty": dirty,
+            "started": runs[0]["started"],
+            "wall_seconds": sum(r["wall_seconds"] for r in runs),
+            "runs": runs,
+            "aggregate": summarize(ordered, config.methods, config.baseline_method,
+                                   {m: config.decode_config(0, label=m).gamma for m in config.methods},
+                                   config.bootstrap_resamples, config.bootstrap_seed, config.compare_to),
+            "records": ordered,
+        }
+
+    bar = tqdm(total=len(todo) * len(config.methods), desc="bench", unit="decode", disable=not progress)
+    for index in todo:
+        prompt, start, batch = prompts[index], time.perf_counter(), []
         for method in config.methods:
             bar.set_postfix_str(f"prompt {index + 1}/{len(prompts)} {method}")
             gen = decode_one(decoder, config, method, prompt, index, peer_decoder=peer_decoder)
-            records.append({"prompt_index": index, "prompt_id": prompt.id, "category": prompt.category,
-                            "prompt": prompt.text, "method": method, "order": len(records), **gen.to_dict()})
+            batch.append({"prompt_index": index, "prompt_id": prompt.id, "category": prompt.category,
+                          "prompt": prompt.text, "method": method, "order": len(records) + len(batch),
+                          "run": len(runs) - 1, **gen.to_dict()})
             bar.update()
+        run["wall_seconds"] += time.perf_counter() - start
+        # Scoring happens after the prompt's timed runs, so it never touches a measured decode.
+        add_flops(batch, decoder)
+        if config.quality:
+            quality_records(batch, decoder, config.chat_template, {index: prompt.reference})
+        records.extend(batch)
+        run["prompts"].append(index)
+        if out_path is not None:
+            _write_atomically(out_path, json.dumps(result(), indent=1))
     bar.close()
-    wall_seconds = time.perf_counter() - start
-    # Scoring happens after the timed runs, so it never touches a measured decode.
-    add_flops(records, decoder)
-    if config.quality:
-        quality_records(records, decoder, config.chat_template, {i: p.reference for i, p in enumerate(prompts)})
-
-    commit, dirty = git_state()
-    result = {
-        "schema": SCHEMA,
-        "config": asdict(config),
-        "machine": machine_description(config.device),
-        "versions": versions(),
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "started": started,
-        "wall_seconds": wall_seconds,
-        "aggregate": summarize(records, config.methods, config.baseline_method,
-                               {m: config.decode_config(0, label=m).gamma for m in config.methods},
-                               config.bootstrap_resamples, config.bootstrap_seed, config.compare_to),
-        "records": records,
-    }
-    if out_path is not None:
-        out_path = Path(out_path)
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(result, indent=1))
-    return result
+    final = result()
+    if out_path is not None and not todo:
+        _write_atomically(out_path, json.dumps(final, indent=1))
+    return final
