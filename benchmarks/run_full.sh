@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The full-size benchmarks that issues 3, 4 and 5 ask for, one resumable run each. Run from the repository root
+# after `make install models`.
+#
+#   benchmarks/run_full.sh RUN [UPTO]
+#
+# RUN is one of: issue3-humaneval-T0 issue3-dev-T0 issue3-humaneval-T1 issue3-dev-T1 issue4-T0.6 issue4-T1.0
+# issue5-T0 issue5-T1. UPTO runs that many prompts in all (default: the size the issue asks for). Every run writes
+# its results after each prompt and resumes with `--resume`, so a run can stop (or be killed) and go on later,
+# losing at most the prompt in progress; rerun with a larger UPTO to extend it. On the 2-core CPU these runs take
+# about 30 hours together, far more than one session, hence the resumability.
+#
+# Prompt sets. Evaluation prompts never overlap SPRINTER's training prompts: the verifiers are trained on the dev
+# split shuffled with seed 0, positions 0-31; issues 3 and 4 use positions 100+ of shuffles with seed 0; issue 5
+# uses the dev split's short categories in seed-1 order with every training prompt removed (checked against the
+# training manifest's prompt ids).
+set -euo pipefail
+export HF_HUB_OFFLINE=1
+V=".venv/bin/python -m verispec"
+PY=".venv/bin/python"
+DEV="spec-bench:../shared/data/spec_bench/dev.jsonl"
+SHORT=(writing roleplay reasoning math coding stem humanities translation qa math_reasoning)  # no RAG/summaries
+OUT=results/full
+mkdir -p "$OUT" results/sprinter
+RUN=${1:?usage: benchmarks/run_full.sh RUN [UPTO]}
+N=128
+
+bench() {  # bench NAME UPTO ARGS...: one resumable run into $OUT/NAME.json, with its report
+  local name=$1 upto=$2
+  shift 2
+  $V bench "$@" --max-new-tokens "$N" --limit "$upto" --resume --no-progress --out "$OUT/$name.json" --report
+}
+
+issue3() {  # issue3 SOURCE TEMPERATURE UPTO
+  local prompts
+  if [ "$1" = dev ]; then prompts=(--prompts "$DEV" --subset-seed 0 --offset 100); else prompts=(--prompts humaneval --subset-seed 0); fi
+  bench "issue3-$1-T$2" "$3" "${prompts[@]}" --temperature "$2" \
+    --methods ar draft sd:gamma=1 sd:gamma=2 sd:gamma=4 sd:gamma=6 hf-generate \
+              hf-assisted:gamma=1 hf-assisted:gamma=2 hf-assisted:gamma=4 hf-assisted:gamma=6 \
+    --compare-to hf-assisted:gamma=4
+}
+
+issue4() {  # issue4 TEMPERATURE UPTO: every multi-path method at K = 2..4 (K = 1 is sd / bv), gamma 4 and 8
+  local methods=(ar sd:gamma=4 sd:gamma=8 bv:gamma=4 bv:gamma=8)
+  for k in 2 3 4; do for g in 4 8; do for m in gbv specinfer spectr nss; do methods+=("$m:paths=$k,gamma=$g"); done; done; done
+  bench "issue4-T$1" "$2" --prompts "$DEV" --category "${SHORT[@]}" --subset-seed 0 --offset 100 \
+    --temperature "$1" --methods "${methods[@]}" --compare-to bv:gamma=4
+}
+
+sprinter_verifier() {  # sprinter_verifier TEMPERATURE FEATURES: collect on the training prompts and train, once
+  local t=$1
+  if [ ! -f "results/sprinter/train_T$t.safetensors" ]; then
+    $V verifier collect --prompts "$DEV" --subset-seed 0 --offset 0 --limit 32 --steps 32 --lam 1.0 \
+      --temperature "$t" --seed 0 --no-progress --out "results/sprinter/train_T$t.safetensors"
+  fi
+  if [ ! -f "results/sprinter/verifier_T$t.safetensors" ]; then
+    $V verifier train --data "results/sprinter/train_T$t.safetensors" --features "$2" --l2 1.0 --lr 0.001 \
+      --epochs 50 --out "results/sprinter/verifier_T$t.safetensors"
+  fi
+  # Thresholds calibrated on the training prompts' validation split (never on evaluation prompts) to
+  # eta_FP = 0.1 and 0.25, next to the paper's default tau = 0.5. Written once, so resumed runs keep them.
+  if [ ! -f "results/sprinter/taus_T$t.txt" ]; then
+    $PY - "$t" "$2" <<'PY' > "results/sprinter/taus_T$t.txt"
+import sys
+import torch
+from verispec.learned.collect import load_dataset
+from verispec.learned.train import train_verifier
+from verispec.learned.verifier import LearnedVerifier
+t, features = sys.argv[1], sys.argv[2]
+deployed = LearnedVerifier.load(f"results/sprinter/verifier_T{t}.safetensors")
+data = load_dataset(f"results/sprinter/train_T{t}.safetensors")
+taus = []
+for rate in (0.1, 0.25):
+    verifier, _ = train_verifier(data, features=features, l2=1.0, lr=1e-3, epochs=50, target_fp_rate=rate)
+    assert torch.equal(verifier.weight, deployed.weight), "retraining did not reproduce the deployed verifier"
+    taus.append(round(verifier.threshold, 3))
+print(" ".join(str(tau) for tau in sorted(set(taus), reverse=True)))
+PY
+  fi
+}
+
+issue5_prompts() {  # the held-out evaluation prompts, written once
+  [ -f "$OUT/issue5_prompts.jsonl" ] && return
+  $PY - "$DEV" "${SHORT[@]}" <<'PY' > "$OUT/issue5_prompts.jsonl"
+import json
+import sys
+from verispec.bench.datasets import load_prompts
+source, cats = sys.argv[1], sys.argv[2:]
+train = set()
+for t in ("0", "1"):
+    train |= set(json.load(open(f"results/sprinter/train_T{t}.safetensors.json"))["prompt_ids"])
+rows = {str(json.loads(line)["question_id"]): line for line in open(source.split(":", 1)[1])}
+held_out = [p for p in load_prompts(source, cats, None, 1, 0) if p.id not in train]
+assert len(held_out) >= 40, len(held_out)
+for p in held_out[:40]:
+    sys.stdout.write(rows[p.id])
+PY
+}
+
+issue5() {  # issue5 TEMPERATURE UPTO
+  local t=$1 features=token
+  [ "$t" = 0 ] && features=context  # at T = 0, q is one-hot: q(x) and its entropy carry nothing
+  sprinter_verifier "$t" "$features"
+  sprinter_verifier "$([ "$t" = 0 ] && echo 1 || echo 0)" "$([ "$t" = 0 ] && echo token || echo context)"
+  issue5_prompts
+  local sprinters=(sprinter:tau=0.5)
+  for tau in $(cat "results/sprinter/taus_T$t.txt"); do sprinters+=("sprinter:tau=$tau"); done
+  bench "issue5-T$t" "$2" --prompts "$OUT/issue5_prompts.jsonl" --temperature "$t" \
+    --verifier "results/sprinter/verifier_T$t.safetensors" \
+    --methods ar draft sd:gamma=4 "${sprinters[@]}" sprinter-exact:tau=0.5 --compare-to sd:gamma=4 --quality
+  $V pareto "$OUT/issue5-T$t.json" --out "$OUT/issue5-T${t}_pareto.png"
+}
+
+case "$RUN" in
+  issue3-humaneval-T0) issue3 humaneval 0 "${2:-20}" ;;
+  issue3-dev-T0) issue3 dev 0 "${2:-20}" ;;
+  issue3-humaneval-T1) issue3 humaneval 1 "${2:-20}" ;;
+  issue3-dev-T1) issue3 dev 1 "${2:-20}" ;;
+  issue4-T0.6) issue4 0.6 "${2:-20}" ;;
+  issue4-T1.0) issue4 1.0 "${2:-20}" ;;
+  issue5-T0) issue5 0 "${2:-40}" ;;
+  issue5-T1) issue5 1 "${2:-40}" ;;
+  *) echo "unknown run: $RUN" >&2; exit 2 ;;
+esac
