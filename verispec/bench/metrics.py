@@ -43,6 +43,7 @@ import numpy as np
 
 from verispec.bench.flops import summarize_flops
 from verispec.bench.quality import summarize_quality
+from verispec.bench.sprinter_online import sprinter_online
 
 
 def _rounds(records: Sequence[dict[str, Any]], skip_first: bool = False) -> list[dict[str, Any]]:
@@ -187,6 +188,7 @@ def summarize(
             row.update(cost_draft_c=None, cost_block_f=None, theoretical_speedup=None)
         row.update(summarize_flops(mine))
         row.update(verifier_rates(mine))
+        row["sprinter_online"] = sprinter_online(mine)
         row.update(summarize_quality(mine, resamples, seed))
         rows.append(row)
     return rows

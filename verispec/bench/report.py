@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from verispec.bench.sprinter_online import sprinter_online
 from verispec.errors import ConfigError
 
 Column = tuple[str, Callable[[dict[str, Any]], str]]
@@ -91,6 +92,52 @@ QUALITY_NOTE = (
 )
 
 
+SPRINTER_COLUMNS: list[Column] = [
+    ("method", lambda r: str(r["method"])),
+    ("rounds (natural)", lambda r: f"{r['rounds']} ({r['natural_rounds']})"),
+    ("cap", lambda r: str(r["cap"])),
+    ("π", lambda r: _fmt(r["pi"], ".3f")),
+    ("α (acceptable)", lambda r: _fmt(r["alpha"], ".3f")),
+    ("η_TP", lambda r: _fmt(r["eta_tp"], ".3f")),
+    ("η_FP", lambda r: _fmt(r["eta_fp"], ".3f")),
+    ("pass rate", lambda r: _fmt(r["pass_rate"], ".3f")),
+    ("T measured", lambda r: _fmt(r["run_length"], ".2f")),
+    ("E[T] predicted", lambda r: _fmt(r["run_length_predicted"], ".2f")),
+    ("N measured", lambda r: _fmt(r["tokens_per_round"], ".2f")),
+    ("E[N] predicted", lambda r: _fmt(r["tokens_per_round_predicted"], ".2f")),
+    ("error autocorrelation", lambda r: _fmt(r["error_autocorrelation"], ".3f")),
+]
+
+SPRINTER_NOTE = (
+    "Per SPRINTER method, pooled over prompts, from the decode traces (`bench/sprinter_online.py`): π = the "
+    "verifier's acceptance rate on tokens below the cap; α = share of drafted tokens acceptable (q(x) ≤ p(x) in the "
+    "round's target pass); pass rate = the checked token's SD pass rate; T = tokens drafted per round, N = tokens "
+    "committed per round (T + 1 on a pass), over the rounds that ended at a rejection or at the cap; E[T] = "
+    "(1 − π^C)/(1 − π) and E[N] = E[T] + pass rate (ALGORITHMS.md §3.4, i.i.d. verifier decisions); error "
+    "autocorrelation: lag-1 correlation of verifier errors (accept ≠ acceptable) between consecutive tokens of a run "
+    "(i.i.d.: 0). By position: the verifier's acceptance rate / the acceptable share at each position of a run "
+    "(i.i.d.: flat); the last column pools the later positions."
+)
+
+
+def render_sprinter_online(rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
+    """Return the markdown section setting SPRINTER's §3.4 predictions against the traces: one row per
+    (method, `sprinter_online` figures), then acceptance by position in the run."""
+    table = format_table([{"method": m, **figures} for m, figures in rows], SPRINTER_COLUMNS)
+    width = max(len(f["per_position"]) for _, f in rows)
+    header = [f"{p['position']}{'+' if p['pooled'] else ''}" for _, f in rows for p in f["per_position"]]
+    labels = list(dict.fromkeys(sorted(header, key=lambda h: int(h.rstrip("+")))))[:width]
+    lines = ["| method | " + " | ".join(f"position {h}" for h in labels) + " |",
+             "|---|" + "---:|" * len(labels)]
+    for method, figures in rows:
+        cells = {f"{p['position']}{'+' if p['pooled'] else ''}":
+                 f"{p['accept_rate']:.2f} / {p['acceptable_rate']:.2f} (n = {p['tokens']})"
+                 for p in figures["per_position"]}
+        lines.append(f"| {method} | " + " | ".join(cells.get(h, "-") for h in labels) + " |")
+    return "\n".join(["## SPRINTER: theory vs measurement (online)", "", table, "", "\n".join(lines), "",
+                      SPRINTER_NOTE])
+
+
 def _has_quality_or_cost(rows: Sequence[dict[str, Any]]) -> bool:
     keys = ("flops_per_token", "nll_per_token", "rouge_l_vs_ar", "rouge_l_vs_reference", "eta_fp", "eta_tp")
     return any(r.get(k) is not None for r in rows for k in keys)
@@ -136,6 +183,10 @@ def render_markdown(results: dict[str, Any], profile: Any = None) -> str:
     ]
     if _has_quality_or_cost(results["aggregate"]):
         lines += ["", "## Quality and cost", "", format_table(results["aggregate"], QUALITY_COLUMNS), "", QUALITY_NOTE]
+    online = [(m, figures) for m in cfg["methods"]
+              if (figures := sprinter_online([r for r in results["records"] if r["method"] == m]))]
+    if online:
+        lines += ["", render_sprinter_online(online)]
     if profile is not None:
         lines += ["", render_modelled(results, profile, baseline)]
     return "\n".join(lines) + "\n"
