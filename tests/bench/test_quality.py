@@ -190,7 +190,8 @@ def test_runner_sprinter_rows_carry_the_online_operating_point(tiny_pair):
     from verispec.learned import LearnedVerifier
 
     weight = torch.randn(32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    verifier = LearnedVerifier(weight, 0.0, "context", 0.5, 1.0, 32, "tiny-partial")  # accepts about half
+    verifier = LearnedVerifier(weight, 0.0, "context", 0.5, 1.0, 32, "tiny-partial",  # accepts about half
+                               {"training_prompts": []})
     decoder = Decoder(tiny_pair["target"], tiny_pair["partial"], verifier=verifier)
     config = BenchConfig(methods=["ar", "sprinter"], max_new_tokens=12, temperature=1.0, warmup_tokens=0,
                          bootstrap_resamples=50, quality=True)
@@ -207,3 +208,33 @@ def test_runner_sprinter_rows_carry_the_online_operating_point(tiny_pair):
     assert all(rec["flops"]["verifier"] == 2 * 32 * sum(len(r["verifier_scores"]) for r in rec["trace"]["rounds"])
                for rec in sprinter)
     assert row["nll_per_token"] is not None and row["rouge_l_vs_ar_prompts"] == 2
+
+
+def test_runner_refuses_to_evaluate_a_verifier_on_its_training_prompts(tiny_pair):
+    import warnings
+
+    from verispec.errors import ConfigError
+    from verispec.learned import LearnedVerifier
+    from verispec.learned.collect import prompt_fingerprint
+
+    weight = torch.randn(32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    config = BenchConfig(methods=["sprinter"], max_new_tokens=3, temperature=1.0, warmup_tokens=0,
+                         bootstrap_resamples=10)
+
+    def run(metadata):
+        verifier = LearnedVerifier(weight, 0.0, "context", 0.5, 1.0, 32, "tiny-partial", metadata)
+        decoder = Decoder(tiny_pair["target"], tiny_pair["partial"], verifier=verifier)
+        return run_bench(config, None, decoder=decoder, prompts=PROMPTS, progress=False)
+
+    trained_on_first = {"training_prompts": [prompt_fingerprint(PROMPTS[0].text), "0" * 16]}
+    with pytest.raises(ConfigError, match=f"1 of the 2 evaluation prompts were used to train the verifier "
+                                          f"\\(ids {PROMPTS[0].id}\\)"):
+        run(trained_on_first)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # held-out prompts: no warning
+        assert len(run({"training_prompts": ["0" * 16]})["records"]) == 2
+    with pytest.warns(UserWarning, match="does not record its training prompts"):
+        run({})
+    plain = BenchConfig(methods=["ar"], max_new_tokens=3, warmup_tokens=0, bootstrap_resamples=10)
+    decoder = Decoder(tiny_pair["target"], tiny_pair["partial"])  # no SPRINTER method: no verifier needed
+    assert len(run_bench(plain, None, decoder=decoder, prompts=PROMPTS, progress=False)["records"]) == 2

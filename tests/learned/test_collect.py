@@ -9,6 +9,7 @@ import torch
 
 from verispec.learned import LearnedVerifier, VerifierFileError, collect, load_dataset, save_dataset, train_verifier
 from verispec.learned.cli import register
+from verispec.learned.collect import VerifierData, prompt_fingerprint, training_fingerprints
 from verispec.learned.verifier import feature_matrix
 from verispec.sampling import SamplingConfig
 
@@ -136,8 +137,15 @@ def test_cli_collect_train_eval(tiny_pair, tmp_path, capsys):
               str(tmp_path / "prompts.txt"), "--no-chat-template", "--steps", "6", "--temperature", "1",
               "--no-progress", "--out", str(data))
     assert "36 rows from 6 prompts" in out
-    assert load_dataset(data).manifest["prompt_ids"] == ["1", "2", "3", "4", "5", "6"]
+    manifest = load_dataset(data).manifest
+    assert manifest["prompt_ids"] == ["1", "2", "3", "4", "5", "6"]
+    assert manifest["prompt_fingerprints"] == [prompt_fingerprint(text) for text in TEXTS]
     out = run("train", "--data", str(data), "--features", "token", "--epochs", "5", "--out", str(verifier))
     assert "validation: AUC" in out and verifier.is_file()
+    # the verifier records its training prompts, so a benchmark can refuse to evaluate on them
+    assert LearnedVerifier.load(verifier).metadata["training_prompts"] == sorted(map(prompt_fingerprint, TEXTS))
+    joined = VerifierData.concat([load_dataset(data), load_dataset(data)])
+    assert training_fingerprints(joined.manifest) == sorted(map(prompt_fingerprint, TEXTS))
+    assert training_fingerprints({"joined": [manifest, {"prompt_ids": ["7"]}]}) is None  # an older part: unknown
     out = run("eval", "--verifier", str(verifier), "--data", str(data), "--threshold", "0.4")
     assert "tau=0.4000" in out and "eta_FP" in out and "position" in out

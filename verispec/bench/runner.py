@@ -19,6 +19,7 @@ import os
 import platform
 import subprocess
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from verispec.bench.quality import quality_records
 from verispec.bench.variants import MethodVariant, parse_method
 from verispec.engine import DecodeConfig
 from verispec.errors import ConfigError
+from verispec.learned.collect import prompt_fingerprint
 from verispec.methods import METHODS
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND
 from verispec.sampling import SamplingConfig
@@ -179,6 +181,25 @@ def decode_one(decoder: Decoder, config: BenchConfig, method: str, prompt: Promp
                             cap=settings.cap, tau=settings.tau)
 
 
+def check_held_out(decoder: Decoder, config: BenchConfig, prompts: list[Prompt]) -> None:
+    """Raise ConfigError when a learned-verifier method would be evaluated on its verifier's training prompts
+    (matched by text fingerprint, whatever file they come from); warn when the verifier file does not say."""
+    if not any(METHODS[name].learned_stop for name in (config.variant(m).name for m in config.methods)
+               if name in METHODS):
+        return
+    trained = decoder.verifier().metadata.get("training_prompts")
+    if trained is None:
+        warnings.warn(f"the verifier {config.verifier or ''} does not record its training prompts (it predates "
+                      f"that record): cannot check that the evaluation prompts are held out", stacklevel=2)
+        return
+    seen = set(trained)
+    overlap = [p.id for p in prompts if prompt_fingerprint(p.text) in seen]
+    if overlap:
+        raise ConfigError(f"{len(overlap)} of the {len(prompts)} evaluation prompts were used to train the verifier "
+                          f"(ids {', '.join(overlap[:8])}{', ...' if len(overlap) > 8 else ''}): evaluate SPRINTER on "
+                          f"held-out prompts (e.g. another --offset)")
+
+
 # Settings that only select how many prompts run or how the aggregate is resampled: a resumed run may change them.
 RESUMABLE_CHANGES = ("limit", "bootstrap_resamples", "bootstrap_seed")
 
@@ -262,6 +283,7 @@ def run_bench(
         ):
             peer_decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
                                    linear_backend=config.peer_linear_backend)
+        check_held_out(decoder, config, prompts)
         if config.warmup_tokens:
             for method in config.methods:
                 decode_one(decoder, config, method, prompts[todo[0]], todo[0], config.warmup_tokens, peer_decoder)

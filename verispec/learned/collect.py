@@ -301,5 +301,23 @@ def collect_from_config(config: CollectConfig, out: str | Path, progress: bool =
     sampling = SamplingConfig(temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
     data = collect(draft, target, ids, config.steps, config.lam, sampling, config.seed, progress, config.cap,
                    config.block, decoder.eos_token_ids("target"))
-    save_dataset(out, data, {"config": asdict(config), "prompt_ids": [p.id for p in prompts]})
+    save_dataset(out, data, {"config": asdict(config), "prompt_ids": [p.id for p in prompts],
+                             "prompt_fingerprints": [prompt_fingerprint(p.text) for p in prompts]})
     return data
+
+
+def prompt_fingerprint(text: str) -> str:
+    """Return a short stable fingerprint (sha256 prefix) of a prompt's text: verifier files record those of their
+    training prompts, so a benchmark can refuse to evaluate on them whatever file or id the prompts come from."""
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def training_fingerprints(manifest: dict[str, Any]) -> list[str] | None:
+    """Return the training-prompt fingerprints a data manifest (or a join of several) records; None when any
+    part predates them (then nothing can be checked)."""
+    parts = manifest.get("joined") or [manifest]
+    if any("prompt_fingerprints" not in part for part in parts):
+        return None
+    return sorted({f for part in parts for f in part["prompt_fingerprints"]})

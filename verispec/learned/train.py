@@ -15,7 +15,7 @@ import torch
 
 from verispec.errors import ConfigError
 from verispec.learned.calibrate import calibrate
-from verispec.learned.collect import VerifierData
+from verispec.learned.collect import VerifierData, training_fingerprints
 from verispec.learned.evaluate import rates_at, roc_auc
 from verispec.learned.verifier import FEATURE_SETS, LearnedVerifier, feature_matrix
 
@@ -161,6 +161,7 @@ def train_verifier(
                      "train_label_rate": float(y_train.mean()) if y_train.numel() else None},
         "config": asdict(config),
         "data": {k: data.manifest.get(k) for k in ("target_model", "draft_model", "sampling", "rows", "lam", "cap")},
+        "training_prompts": training_fingerprints(data.manifest),  # bench refuses to evaluate on these
     }
     return LearnedVerifier(raw_weight, raw_bias, config.features, tau, lam, data.hidden_size, verifier.draft_model,
                            metadata), report
