@@ -222,3 +222,34 @@ def test_report_adds_a_labelled_modelled_section_only_with_a_profile(tmp_path, b
     gpu.models["target"].device = "cuda"  # measured, but on another device: a prediction only
     markdown = write_report(path, profile_path=gpu.save(tmp_path / "gpu.json"))[0]
     assert "## Modelled (accelerator profile)" in markdown and "modelled / measured" not in markdown
+
+
+def test_peers_are_priced_with_their_own_profile(tmp_path, bench_records):
+    peers = [{**r, "method": "hf-generate"} for r in bench_records if r["method"] == "ar"]
+    records = bench_records + peers
+    fast, slow = accelerator_profile(1000, 250), accelerator_profile(2000, 500)  # twice the bytes: twice the time
+    plain = {r["method"]: r for r in modelled_speedup(records, fast)}
+    mixed = {r["method"]: r for r in modelled_speedup(records, fast, method_profiles={"hf-generate": slow})}
+    per_token = {m: row["modelled_seconds_per_token"] for m, row in plain.items()}
+    assert per_token["hf-generate"] == pytest.approx(per_token["ar"])
+    assert mixed["hf-generate"]["modelled_seconds_per_token"] == pytest.approx(
+        2 * plain["hf-generate"]["modelled_seconds_per_token"])
+    assert mixed["hf-generate"]["modelled_speedup"] == pytest.approx(0.5)
+    assert mixed["sd"] == plain["sd"]  # the engine's methods keep the main profile
+
+    config = BenchConfig(methods=["ar", "sd", "hf-generate"], gamma=3, linear_backend="onednn")
+    path = _results_file(tmp_path, records)
+    results = json.loads(path.read_text())
+    results["config"] = asdict(config)
+    path.write_text(json.dumps(results))
+    here, peer = hand_profile(), hand_profile()
+    here.machine = peer.machine = {"platform": "TestOS"}
+    here.models["target"].linear_backend = "onednn"
+    main_file, peer_file = here.save(tmp_path / "onednn.json"), peer.save(tmp_path / "torch.json")
+    markdown = write_report(path, profile_path=main_file)[0]
+    assert "priced with this profile: pass a profile of that path" in markdown
+    markdown = write_report(path, profile_path=main_file, peer_profile_path=peer_file)[0]
+    assert "The transformers peers (hf-generate) are priced with a second profile" in markdown
+    assert "Warning" not in markdown
+    with pytest.raises(ConfigError, match="pass --profile too"):
+        write_report(path, peer_profile_path=peer_file)

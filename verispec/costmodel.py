@@ -307,22 +307,26 @@ def _paired_speedup(records: list[dict[str, Any]], baseline: str, method: str, s
 
 
 def modelled_speedup(
-    records: list[dict[str, Any]], profile: HardwareProfile, baseline: str | None = None
+    records: list[dict[str, Any]], profile: HardwareProfile, baseline: str | None = None,
+    method_profiles: dict[str, HardwareProfile] | None = None,
 ) -> list[dict[str, Any]]:
     """Return one row per method of a bench results file's `records`: measured and modelled seconds per token and
     speedups vs `baseline` (default "ar" when present, else the first method), over the prompts both decoded.
+    Each method is priced with `profile`, or with `method_profiles[method]` where given (e.g. the transformers peers,
+    which run another linear path, with a profile of that path).
 
     Row keys: method, tokens, measured_seconds_per_token, modelled_seconds_per_token, model_over_measured,
     measured_speedup, modelled_speedup, and the measured and modelled target/draft/verify/other seconds.
     """
     methods = list(dict.fromkeys(r["method"] for r in records))
     baseline = baseline or ("ar" if "ar" in methods else methods[0])
+    priced = {m: (method_profiles or {}).get(m, profile) for m in methods}
     rows = []
     for method in methods:
         mine = [r for r in records if r["method"] == method]
         tokens = sum(r["trace"]["generated"] for r in mine)
         measured = sum(r["trace"]["time_total"] for r in mine)
-        parts = [breakdown(r["trace"], profile) for r in mine]
+        parts = [breakdown(r["trace"], priced[method]) for r in mine]
         modelled = sum(p.total for p in parts)
         row: dict[str, Any] = {
             "method": method, "tokens": tokens,
@@ -330,7 +334,8 @@ def modelled_speedup(
             "modelled_seconds_per_token": modelled / tokens if tokens else None,
             "model_over_measured": modelled / measured if measured else None,
             "measured_speedup": _paired_speedup(records, baseline, method, lambda rec: rec["trace"]["time_total"]),
-            "modelled_speedup": _paired_speedup(records, baseline, method, lambda rec: predict(rec["trace"], profile)),
+            "modelled_speedup": _paired_speedup(records, baseline, method,
+                                                lambda rec: predict(rec["trace"], priced[rec["method"]])),
         }
         for part in ("target", "draft", "verify", "other"):
             row[f"measured_{part}"] = sum(r["trace"].get(f"time_{part}", 0.0) for r in mine)

@@ -39,7 +39,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Render a results JSON as a markdown table (printed and written) and a speedup plot (PNG)."""
     from verispec.bench.report import write_report
 
-    markdown, markdown_path, plot_path = write_report(args.results, args.markdown, args.plot, args.profile)
+    markdown, markdown_path, plot_path = write_report(args.results, args.markdown, args.plot, args.profile,
+                                                      args.peer_profile)
     print(markdown)
     print(f"report: {markdown_path}\nplot: {plot_path}")
     return 0
@@ -129,6 +130,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", default=None, help="where to write the plot (default: RESULTS_speedup.png)")
     p.add_argument("--profile", default=None,
                    help="a `verispec profile` JSON: add a section of modelled (not measured) times and speedups")
+    p.add_argument("--peer-profile", default=None,
+                   help="a `verispec profile` JSON of the peers' linear path (e.g. --linear-backend torch): the "
+                        "transformers peers are priced with it in the modelled section")
     p.set_defaults(func=cmd_report)
 
     from verispec.bench.pareto import QUALITY_AXES

@@ -151,7 +151,7 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column] = COM
     return "\n".join(lines)
 
 
-def render_markdown(results: dict[str, Any], profile: Any = None) -> str:
+def render_markdown(results: dict[str, Any], profile: Any = None, peer_profile: Any = None) -> str:
     """Return the markdown report: settings, machine, the full table and what the columns mean; with a
     `costmodel.HardwareProfile`, also a separate section of modelled (not measured) times (`render_modelled`)."""
     cfg, machine = results["config"], results["machine"]
@@ -188,7 +188,7 @@ def render_markdown(results: dict[str, Any], profile: Any = None) -> str:
     if online:
         lines += ["", render_sprinter_online(online)]
     if profile is not None:
-        lines += ["", render_modelled(results, profile, baseline)]
+        lines += ["", render_modelled(results, profile, baseline, peer_profile)]
     return "\n".join(lines) + "\n"
 
 
@@ -230,12 +230,13 @@ def save_figure(fig: Any, path: str | Path) -> Path:
 
 def write_report(
     results_path: str | Path, markdown_path: str | Path | None = None, plot_path: str | Path | None = None,
-    profile_path: str | Path | None = None,
+    profile_path: str | Path | None = None, peer_profile_path: str | Path | None = None,
 ) -> tuple[str, Path, Path]:
     """Render `results_path`; write the markdown (default: beside it, .md) and the plot (default: _speedup.png);
     with quality scores also RESULTS_pareto.png beside the results: speedup against ROUGE-L vs ar at temperature 0,
     against the target's NLL per token otherwise (or when `ar` did not run).
-    With `profile_path` (a `verispec profile` JSON) the markdown gets a section of modelled times.
+    With `profile_path` (a `verispec profile` JSON) the markdown gets a section of modelled times; the peers are
+    priced with `peer_profile_path` when given.
 
     Return (markdown text, markdown path, plot path).
     """
@@ -246,12 +247,13 @@ def write_report(
         raise ConfigError(f"cannot read results file {results_path}: {exc}") from exc
     if "aggregate" not in results or "records" not in results:
         raise ConfigError(f"{results_path} is not a verispec bench results file (no 'aggregate' / 'records')")
-    profile = None
-    if profile_path is not None:
-        from verispec.costmodel import HardwareProfile
+    from verispec.costmodel import HardwareProfile
 
-        profile = HardwareProfile.load(profile_path)
-    markdown = render_markdown(results, profile)
+    if peer_profile_path is not None and profile_path is None:
+        raise ConfigError("a peer profile prices the peers next to a main profile: pass --profile too")
+    profile = HardwareProfile.load(profile_path) if profile_path is not None else None
+    peer_profile = HardwareProfile.load(peer_profile_path) if peer_profile_path is not None else None
+    markdown = render_markdown(results, profile, peer_profile)
     markdown_path = Path(markdown_path) if markdown_path else results_path.with_suffix(".md")
     plot_path = Path(plot_path) if plot_path else results_path.with_name(results_path.stem + "_speedup.png")
     plot_speedup(results, plot_path)
@@ -282,13 +284,17 @@ def _ms_pair(row: dict[str, Any], part: str) -> str:
     return f"{_ms(row[f'measured_{part}'] / tokens)} / {_ms(row[f'modelled_{part}'] / tokens)}"
 
 
-def render_modelled(results: dict[str, Any], profile: Any, baseline: str) -> str:
-    """Return the markdown section of modelled times: this run's decode counts priced with `profile`."""
+def render_modelled(results: dict[str, Any], profile: Any, baseline: str, peer_profile: Any = None) -> str:
+    """Return the markdown section of modelled times: this run's decode counts priced with `profile`, the
+    transformers peers' with `peer_profile` when given (they run their own linear path)."""
     from verispec.bench.metrics import theoretical_speedup
+    from verispec.bench.peers import PEERS
     from verispec.costmodel import KIND_MODELLED, cost_ratios, modelled_speedup
 
     cfg = results["config"]
-    rows = modelled_speedup(results["records"], profile, baseline)
+    peers = [m for m in cfg["methods"] if m.split(":")[0] in PEERS]
+    rows = modelled_speedup(results["records"], profile, baseline,
+                            {m: peer_profile for m in peers} if peer_profile is not None else None)
     alpha = {r["method"]: r.get("alpha") for r in results["aggregate"]}
     c, f = cost_ratios(profile, cfg["gamma"]) if {"target", "draft"} <= set(profile.models) else (None, None)
     for row in rows:
@@ -322,4 +328,16 @@ def render_modelled(results: dict[str, Any], profile: Any, baseline: str) -> str
     if here and (target.dtype, target.device, target.linear_backend) != run:
         lines.append(f"Warning: the profile was measured with {target.dtype} on {target.device} (linear backend "
                      f"{target.linear_backend}), the run used {run[0]} on {run[1]} (linear backend {run[2]}).")
+    if peers and peer_profile is not None:
+        peer_target = peer_profile.models.get("target")
+        lines.append(f"The transformers peers ({', '.join(peers)}) are priced with a second profile: "
+                     f"{peer_profile.description}.")
+        peer_run = cfg.get("peer_linear_backend", "torch") if device.startswith("cpu") else "torch"
+        if peer_target is not None and peer_target.linear_backend != peer_run:
+            lines.append(f"Warning: the peer profile's linear backend is {peer_target.linear_backend}, the peers "
+                         f"ran with {peer_run}.")
+    elif peers and here:
+        lines.append(f"The transformers peers ({', '.join(peers)}) ran with their own linears "
+                     f"({cfg.get('peer_linear_backend', 'torch')}) but are priced with this profile: pass a profile "
+                     f"of that path (`verispec report --peer-profile`) to model them.")
     return "\n".join([*lines, "", format_table(rows, columns)])
