@@ -33,15 +33,17 @@ def ratio_key(p_u: torch.Tensor, q_u: torch.Tensor) -> torch.Tensor:
     return p_u / q_u.clamp_min(MIN_DRAFT_PROB)
 
 
-def token_ranks(key: torch.Tensor) -> torch.Tensor:
-    """Return rank[t] `[V]` long: the position of t in the ascending order of (key(t), t) (§2.2 total order).
+def token_order(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (order, rank), both `[V]` long: the tokens in the ascending order of (key(t), t) (§2.2 total order)
+    and its inverse, rank[t] = the position of t in that order.
 
-    The stable sort keeps equal keys in token-id order, so ties go to the larger token id.
+    The stable sort keeps equal keys in token-id order, so ties go to the larger token id. One sort gives both:
+    selection reads `rank`, the skew reads `order`, so they cannot disagree on ties (the trap of §2.2).
     """
     order = torch.argsort(key, stable=True)  # [V]
     rank = torch.empty_like(order)
     rank[order] = torch.arange(key.shape[0], device=key.device)
-    return rank
+    return order, rank
 
 
 def select_child(children: Sequence[int], key: torch.Tensor, rank: torch.Tensor) -> int:
@@ -53,11 +55,11 @@ def select_child(children: Sequence[int], key: torch.Tensor, rank: torch.Tensor)
     return max(children, key=lambda t: int(rank[t]))
 
 
-def mass_below(q_u: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
-    """Return F_u(t) − q(t|u) `[V]`: the q-mass at node u of the tokens ranked strictly below t (§2.3)."""
-    order = torch.argsort(rank)  # [V] ascending order of the ranks
-    sorted_q = q_u[order]
-    exclusive = torch.cat([sorted_q.new_zeros(1), torch.cumsum(sorted_q, 0)[:-1]])  # [V]
+def mass_below(q_u: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Return F_u(t) − q(t|u) `[V]`: the q-mass at node u of the tokens ranked strictly below t (§2.3), with
+    `order` the tokens in ascending rank (`token_order`)."""
+    inclusive = torch.cumsum(q_u[order], 0)
+    exclusive = torch.cat([inclusive.new_zeros(1), inclusive[:-1]])  # [V] mass strictly below, in rank order
     below = torch.empty_like(q_u)
     below[order] = exclusive
     return below
@@ -99,8 +101,8 @@ def gbv_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor)
         node = tree[prefix]
         q_u, p_u = q[node.path, depth], p[node.path, depth]  # [V], [V]
         key = ratio_key(p_u, q_u)
-        rank = token_ranks(key)  # §2.2: one total order, shared by Step A (selection) and Step B (skew)
-        below = mass_below(q_u, rank)
+        order, rank = token_order(key)  # §2.2: one total order, shared by Step A (selection) and Step B (skew)
+        below = mass_below(q_u, order)
         skew_rows.append(skewed_draft(q_u, below, mass_a, mass_x, k))
         child = select_child(list(node.children), key, rank)  # Step A: greedy descent over distinct children
         # §2.3: A_child = A_parent + x_parent·CDF(strictly below child); x_child = x_parent·q(child|parent).
