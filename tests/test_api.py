@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from verispec import Decoder
 from verispec.api import check_compatible
@@ -75,3 +76,20 @@ def test_different_tokenizers_of_the_same_size_are_rejected(tiny_pair):
 def test_bad_dtype_is_rejected_before_loading():
     with pytest.raises(ConfigError, match="dtype"):
         Decoder("some/model", dtype="int3")
+
+
+def test_draft_dtype_loads_a_cheaper_draft_and_stays_lossless(tiny_pair, tmp_path):
+    folders = {}
+    for role in ("target", "partial"):
+        folders[role] = tmp_path / role
+        tiny_pair[role].model.save_pretrained(folders[role])
+        tiny_pair[role].tokenizer.save_pretrained(folders[role])
+    mixed = Decoder(str(folders["target"]), str(folders["partial"]), draft_dtype="bfloat16", linear_backend="torch")
+    assert next(mixed.model("draft").model.parameters()).dtype == torch.bfloat16
+    assert next(mixed.model("target").model.parameters()).dtype == torch.float32
+    ar = mixed.generate("def f(x):", method="ar", max_new_tokens=12, chat_template=False)
+    sd = mixed.generate("def f(x):", method="sd", gamma=3, max_new_tokens=12, chat_template=False)
+    assert sd.tokens == ar.tokens  # greedy: the target decides every token, whatever the draft's precision
+    assert sd.trace.draft_calls > 0
+    with pytest.raises(ConfigError, match="dtype"):
+        Decoder("some/model", draft_dtype="int3")

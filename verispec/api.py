@@ -71,11 +71,16 @@ class Decoder:
         device: str = "cpu",
         verifier: str | Any = None,
         linear_backend: str = DEFAULT_LINEAR_BACKEND,
+        draft_dtype: str | torch.dtype | None = None,
     ) -> None:
         parse_dtype(dtype)  # fail on a bad dtype now, not after minutes of loading
+        if draft_dtype is not None:
+            parse_dtype(draft_dtype)
         if linear_backend not in LINEAR_BACKENDS:
             raise ConfigError(f"unknown linear backend {linear_backend!r}; choose one of {', '.join(LINEAR_BACKENDS)}")
         self.dtype, self.device, self.linear_backend = dtype, device, linear_backend
+        # The draft may run in a cheaper dtype: every lossless method keeps the target's law whatever q is.
+        self.draft_dtype = draft_dtype if draft_dtype is not None else dtype
         self._verifier_spec = verifier  # a LearnedVerifier file path (loaded on first use) or object
         self._specs = {"target": target, "draft": draft}
         self._models: dict[str, HFCausalLM] = {
@@ -88,9 +93,9 @@ class Decoder:
         """Return the loaded model for `role` ("target" or "draft"), loading it on first use."""
         if role not in self._models:
             spec = self._specs[role]
-            self._models[role] = load_model(
-                spec, role, dtype=self.dtype, device=self.device, linear_backend=self.linear_backend
-            )
+            dtype = self.draft_dtype if role == "draft" else self.dtype
+            self._models[role] = load_model(spec, role, dtype=dtype, device=self.device,
+                                            linear_backend=self.linear_backend)
             other = "draft" if role == "target" else "target"
             if other in self._models:
                 check_compatible(self._models["target"], self._models["draft"])
@@ -197,16 +202,16 @@ def generate(
     tau: float | None = DecodeConfig.tau,
     verifier: str | None = None,
     linear_backend: str = DEFAULT_LINEAR_BACKEND,
+    draft_dtype: str | None = None,
 ) -> Generation:
     """Decode `prompt` with `method` on the given (default: embedded) pair; return a `Generation`.
 
     Models stay loaded between calls with the same target, draft, dtype and device.
     """
-    key = (target, draft, dtype, device, verifier, linear_backend)
+    key = (target, draft, dtype, device, verifier, linear_backend, draft_dtype)
     if key not in _DECODERS:
-        _DECODERS[key] = Decoder(
-            target, draft, dtype=dtype, device=device, verifier=verifier, linear_backend=linear_backend
-        )
+        _DECODERS[key] = Decoder(target, draft, dtype=dtype, device=device, verifier=verifier,
+                                 linear_backend=linear_backend, draft_dtype=draft_dtype)
     return _DECODERS[key].generate(
         prompt, method=method, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
         max_new_tokens=max_new_tokens, seed=seed, chat_template=chat_template, paths=paths, cap=cap, tau=tau,

@@ -18,6 +18,9 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, help="target model: hub id, folder or .gguf file (default: embedded)")
     parser.add_argument("--draft", default=None, help="draft model: hub id, folder or .gguf file (default: embedded)")
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | float64 (default: float32)")
+    parser.add_argument("--draft-dtype", default=None,
+                        help="the draft model's dtype, when it differs from --dtype (e.g. bfloat16: a cheaper draft; "
+                             "lossless methods keep the target's law)")
     parser.add_argument("--linear-backend", default=DEFAULT_LINEAR_BACKEND, choices=LINEAR_BACKENDS,
                         help=f"CPU linear layers: oneDNN with packed weights, or transformers' own "
                              f"(default: {DEFAULT_LINEAR_BACKEND})")
@@ -45,7 +48,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     decoder = Decoder(
-        args.target, args.draft, dtype=args.dtype, verifier=args.verifier, linear_backend=args.linear_backend
+        args.target, args.draft, dtype=args.dtype, verifier=args.verifier, linear_backend=args.linear_backend,
+        draft_dtype=args.draft_dtype,
     )
     gen = decoder.generate(
         prompt, method=args.method, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
@@ -100,6 +104,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     config = CompareConfig(
         methods=args.methods, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, seed=args.seed, target=args.target, draft=args.draft, dtype=args.dtype,
+        draft_dtype=args.draft_dtype,
     )
     if args.prompts:
         config.prompts = [line for line in Path(args.prompts).read_text().splitlines() if line.strip()]

@@ -101,6 +101,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--target", default=d.target, help="hub id, folder or .gguf file (default: embedded)")
     g.add_argument("--draft", default=d.draft, help="hub id, folder or .gguf file (default: embedded)")
     g.add_argument("--dtype", default=d.dtype, help="float32 | bfloat16 | float16 | float64 (default: %(default)s)")
+    g.add_argument("--draft-dtype", default=d.draft_dtype,
+                   help="the draft's dtype when it differs from --dtype, e.g. bfloat16 (default: --dtype)")
     g.add_argument("--device", default=d.device, help="torch device (default: %(default)s)")
     g.add_argument("--linear-backend", default=d.linear_backend, choices=["onednn", "torch"],
                    help="verispec methods' CPU linears (default: %(default)s)")

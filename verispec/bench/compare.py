@@ -34,6 +34,7 @@ class CompareConfig:
     target: str | None = None  # None = the embedded default target
     draft: str | None = None  # None = the embedded default draft
     dtype: str = "float32"  # model weights
+    draft_dtype: str | None = None  # the draft's, when it differs (None: dtype)
     warmup_tokens: int = 4  # per method, one excluded decode of this many tokens first
 
 
@@ -43,7 +44,7 @@ def bench_config(config: CompareConfig) -> BenchConfig:
         prompts="builtin" if config.prompts == BUILTIN_PROMPTS else "list", methods=list(config.methods),
         baseline=config.methods[0], gamma=config.gamma, temperature=config.temperature, top_k=config.top_k,
         top_p=config.top_p, max_new_tokens=config.max_new_tokens, seed=config.seed, target=config.target,
-        draft=config.draft, dtype=config.dtype, warmup_tokens=config.warmup_tokens,
+        draft=config.draft, dtype=config.dtype, draft_dtype=config.draft_dtype, warmup_tokens=config.warmup_tokens,
     )
 
 

@@ -160,6 +160,7 @@ def render_markdown(results: dict[str, Any], profile: Any = None, peer_profile: 
     category = f", categories {', '.join(cfg['category'])}" if cfg.get("category") else ""
     commit = (results.get("git_commit") or "unknown")[:12] + (" (dirty)" if results.get("git_dirty") else "")
     runs = results.get("runs", [])
+    draft_dtype = f" (draft {cfg['draft_dtype']})" if cfg.get("draft_dtype") not in (None, cfg["dtype"]) else ""
     parts = [f"{run['started']}, {len(run['prompts'])} prompts, commit {(run.get('git_commit') or '?')[:12]}"
              for run in runs]
     resumed = (f" Measured in {len(runs)} resumed runs (each prompt's methods within one run): "
@@ -169,7 +170,7 @@ def render_markdown(results: dict[str, Any], profile: Any = None, peer_profile: 
         "",
         f"{n_prompts} prompts from `{cfg['prompts']}`{category}, up to {cfg['max_new_tokens']} new tokens, "
         f"γ = {cfg['gamma']}, temperature {cfg['temperature']}, top-k {cfg['top_k']}, top-p {cfg['top_p']}, "
-        f"{cfg['dtype']} on {cfg.get('device', 'cpu')}; baseline `{baseline}`.",
+        f"{cfg['dtype']}{draft_dtype} on {cfg.get('device', 'cpu')}; baseline `{baseline}`.",
         f"Machine: {machine['platform']}, {machine['processor']}, {machine['cpu_threads']} threads"
         f"{', ' + machine['gpu'] if machine.get('gpu') else ''}; torch {machine['torch']}, "
         f"transformers {machine['transformers']}; commit {commit}; started {results.get('started', '?')}.{resumed}",

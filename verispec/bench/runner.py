@@ -65,6 +65,7 @@ class BenchConfig:
     target: str | None = None  # target model: hub id, folder or .gguf file; None = the embedded default
     draft: str | None = None  # draft model, likewise
     dtype: str = "float32"  # model weights: float32 | bfloat16 | float16 | float64
+    draft_dtype: str | None = None  # the draft's weights, when they differ from `dtype` (None: `dtype`)
     device: str = "cpu"  # torch device of both models
     linear_backend: str = DEFAULT_LINEAR_BACKEND  # verispec's methods: "onednn" (packed CPU linears) or "torch"
     peer_linear_backend: str = "torch"  # the transformers peers run transformers as users run it, by default
@@ -276,13 +277,14 @@ def run_bench(
         runs.append(run)
         if decoder is None:
             decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
-                              verifier=config.verifier, linear_backend=config.linear_backend)
+                              verifier=config.verifier, linear_backend=config.linear_backend,
+                              draft_dtype=config.draft_dtype)
         # The peers get models of their own only when verispec's models run another linear path than theirs.
         if any(config.variant(m).name in PEERS for m in config.methods) and (
             decoder.model("target").linear_backend != config.peer_linear_backend
         ):
             peer_decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
-                                   linear_backend=config.peer_linear_backend)
+                                   linear_backend=config.peer_linear_backend, draft_dtype=config.draft_dtype)
         check_held_out(decoder, config, prompts)
         if config.warmup_tokens:
             for method in config.methods:
