@@ -5,7 +5,8 @@
 #   benchmarks/run_full.sh RUN [UPTO]
 #
 # RUN is one of: issue3-humaneval-T0 issue3-dev-T0 issue3-humaneval-T1 issue3-dev-T1 issue4-T0.6 issue4-T1.0
-# issue5-T0 issue5-T1. UPTO runs that many prompts in all (default: the size the issue asks for). Every run writes
+# issue5-T0 issue5-T1 (and draft-bf16-humaneval-T0 draft-bf16-dev-T0: issue 3's prompts with a bfloat16 draft).
+# UPTO runs that many prompts in all (default: the size the issue asks for). Every run writes
 # its results after each prompt and resumes with `--resume`, so a run can stop (or be killed) and go on later,
 # losing at most the prompt in progress; rerun with a larger UPTO to extend it. On the 2-core CPU these runs take
 # about 30 hours together, far more than one session, hence the resumability.
@@ -111,6 +112,13 @@ issue5() {  # issue5 TEMPERATURE UPTO
   $V pareto "$OUT/issue5-T$t.json" --out "$OUT/issue5-T${t}_pareto.png"
 }
 
+draft_bf16() {  # draft_bf16 SOURCE UPTO: issue 3's prompts with the draft in bfloat16 (the target stays float32)
+  local prompts
+  if [ "$1" = dev ]; then prompts=(--prompts "$DEV" --subset-seed 0 --offset 100); else prompts=(--prompts humaneval --subset-seed 0); fi
+  bench "draft-bf16-$1-T0" "$2" "${prompts[@]}" --temperature 0 --draft-dtype bfloat16 \
+    --methods ar draft sd:gamma=2 sd:gamma=4 sd:gamma=6
+}
+
 case "$RUN" in
   issue3-humaneval-T0) issue3 humaneval 0 "${2:-20}" ;;
   issue3-dev-T0) issue3 dev 0 "${2:-20}" ;;
@@ -120,5 +128,7 @@ case "$RUN" in
   issue4-T1.0) issue4 1.0 "${2:-20}" ;;
   issue5-T0) issue5 0 "${2:-40}" ;;
   issue5-T1) issue5 1 "${2:-40}" ;;
+  draft-bf16-humaneval-T0) draft_bf16 humaneval "${2:-20}" ;;  # not asked by an issue: a cheaper draft
+  draft-bf16-dev-T0) draft_bf16 dev "${2:-20}" ;;
   *) echo "unknown run: $RUN" >&2; exit 2 ;;
 esac
