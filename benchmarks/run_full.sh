@@ -32,10 +32,13 @@ bench() {  # bench NAME UPTO ARGS...: one resumable run into $OUT/NAME.json, wit
   $V bench "$@" --max-new-tokens "$N" --limit "$upto" --resume --no-progress --out "$OUT/$name.json" --report
 }
 
+issue3_prompts() {  # issue3_prompts SOURCE: sets PROMPTS, issue 3's prompts (dev positions 100+, or HumanEval)
+  if [ "$1" = dev ]; then PROMPTS=(--prompts "$DEV" --subset-seed 0 --offset 100); else PROMPTS=(--prompts humaneval --subset-seed 0); fi
+}
+
 issue3() {  # issue3 SOURCE TEMPERATURE UPTO
-  local prompts
-  if [ "$1" = dev ]; then prompts=(--prompts "$DEV" --subset-seed 0 --offset 100); else prompts=(--prompts humaneval --subset-seed 0); fi
-  bench "issue3-$1-T$2" "$3" "${prompts[@]}" --temperature "$2" \
+  issue3_prompts "$1"
+  bench "issue3-$1-T$2" "$3" "${PROMPTS[@]}" --temperature "$2" \
     --methods ar draft sd:gamma=1 sd:gamma=2 sd:gamma=4 sd:gamma=6 hf-generate \
               hf-assisted:gamma=1 hf-assisted:gamma=2 hf-assisted:gamma=4 hf-assisted:gamma=6 \
     --compare-to hf-assisted:gamma=4
@@ -113,9 +116,8 @@ issue5() {  # issue5 TEMPERATURE UPTO
 }
 
 draft_bf16() {  # draft_bf16 SOURCE UPTO: issue 3's prompts with the draft in bfloat16 (the target stays float32)
-  local prompts
-  if [ "$1" = dev ]; then prompts=(--prompts "$DEV" --subset-seed 0 --offset 100); else prompts=(--prompts humaneval --subset-seed 0); fi
-  bench "draft-bf16-$1-T0" "$2" "${prompts[@]}" --temperature 0 --draft-dtype bfloat16 \
+  issue3_prompts "$1"
+  bench "draft-bf16-$1-T0" "$2" "${PROMPTS[@]}" --temperature 0 --draft-dtype bfloat16 \
     --methods ar draft sd:gamma=2 sd:gamma=4 sd:gamma=6
 }
 
