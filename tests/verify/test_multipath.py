@@ -27,7 +27,6 @@ from verispec.verify import (
     block_verify_law,
     build_prefix_tree,
     draw,
-    draw_outcome,
     gbv_verify,
     gbv_verify_law,
     nss_verify,
@@ -234,7 +233,9 @@ def assert_target_law(target, first: Counter, two: Counter) -> None:
     assert chi_square_pvalue(two, target_law(target, CONTEXT, 2)) > FALSE_ALARM
 
 
-@pytest.mark.parametrize("verify,k", [(nss_verify, 2), (specinfer_verify, 3), (spectr_verify, 3)])
+@pytest.mark.parametrize(
+    "verify,k", [(nss_verify, 2), (specinfer_verify, 3), (spectr_verify, 3), (traversal_verify, 2)]
+)
 def test_baseline_sampler_reproduces_the_target_law(verify, k):
     # 20,000 rounds, V = 3, γ = 2; each chi-square test rejects a correct sampler with probability ≤ 1e-6.
     # The exact laws are checked above; this checks the node-by-node sampler of the walk, K = 2 and 3 between them.
@@ -309,16 +310,28 @@ def test_one_path_traversal_is_bv():
         assert max_abs_diff(traversal_law, bv) < 1e-15
 
 
-def test_traversal_verify_draws_from_its_law():
+def test_traversal_sampler_draws_from_the_exact_law():
+    # The sampler walks the chain of leaf visits with one coin per leaf; its outcomes must follow the summed law.
     target, draft = pair(3)
     inputs = paths_inputs(target, draft, CONTEXT, ((2, 0), (2, 1), (0, 0)))
     law = traversal_verify_law(*inputs)
-    for seed in range(10):
-        expected = draw_outcome(law, torch.Generator().manual_seed(seed))
-        assert traversal_verify(*inputs, torch.Generator().manual_seed(seed)) == expected
+    assert abs(sum(law.values()) - 1.0) < 1e-12
     gen = torch.Generator().manual_seed(0)
-    counts = Counter(draw_outcome(law, gen) for _ in range(SAMPLES))
+    counts = Counter(traversal_verify(*inputs, gen) for _ in range(SAMPLES))
     assert chi_square_pvalue(counts, law) > FALSE_ALARM
+
+
+def test_traversal_sampler_check_catches_a_wrong_coin(monkeypatch):
+    # The check must be able to fail: accepting a leaf with probability w² instead of w is biased.
+    target, draft = pair(3)
+    inputs = paths_inputs(target, draft, CONTEXT, ((2, 0), (2, 1), (0, 0)))
+    law = traversal_verify_law(*inputs)
+    original = traversal.leaf_visits
+    monkeypatch.setattr(traversal, "leaf_visits", lambda *a: ((leaf, node, accept**2 if accept < 1 else accept)
+                                                            for leaf, node, accept in original(*a)))
+    gen = torch.Generator().manual_seed(0)
+    counts = Counter(traversal_verify(*inputs, gen) for _ in range(SAMPLES))
+    assert chi_square_pvalue(counts, law) < FALSE_ALARM
 
 
 def test_empty_paths_sample_from_p():

@@ -2,17 +2,20 @@
 
 The procedure is deterministic except for one coin per visited leaf: take the first leaf in DFS order and accept
 it with probability equal to its weight; on rejection delete it and update its parent (§2.9 steps 1–4). So its
-exact law is one chain of "reject, reject, …, accept" steps, which `traversal_verify_law` walks.
+exact law is one chain of "reject, reject, …, accept" steps (`leaf_visits`): `traversal_verify_law` sums the whole
+chain, the sampler `traversal_verify` walks it with one coin per leaf.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
+from verispec.sampling import sample
 from verispec.verify.common import MIN_DRAFT_PROB, positive_residual
-from verispec.verify.tree import MultiPathResult, build_prefix_tree, check_paths_shapes, draw_outcome
+from verispec.verify.tree import MultiPathResult, build_prefix_tree, check_paths_shapes
 
 
 @dataclass
@@ -36,10 +39,12 @@ def _reweigh(nodes: dict[tuple[int, ...], _Node], prefix: tuple[int, ...]) -> No
         _reweigh(nodes, child)
 
 
-def traversal_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> dict[MultiPathResult, float]:
-    """Return the exact law {outcome: probability} of traversal verification of K paths (§2.9 `traversal`).
-
-    draft_tokens: [K, γ]; q: [K, γ, V]; p: [K, γ+1, V] (the contract of `verispec.verify.tree`).
+def leaf_visits(
+    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor
+) -> Iterator[tuple[tuple[int, ...], _Node, float]]:
+    """Yield (leaf prefix, its node, acceptance probability) for the leaves traversal visits, in order (§2.9 steps
+    2-4); resuming the iterator means the leaf was rejected, and deletes it and updates its parent first. The chain
+    ends with an acceptance probability of 1. Shared by the exact law (every step) and the sampler (one coin a leaf).
     """
     check_paths_shapes(draft_tokens, q, p)
     p, q = p.to(torch.float64), q.to(torch.float64)
@@ -55,14 +60,30 @@ def traversal_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.T
         for prefix, node in tree.items()
     }
     _reweigh(nodes, ())
-    law: dict[MultiPathResult, float] = {}
-    alive = 1.0  # the probability that every leaf visited so far was rejected
-    while alive > 0.0:
+    while True:
         leaf: tuple[int, ...] = ()
         while nodes[leaf].children:  # step 2: the first leaf in DFS order
             leaf += (nodes[leaf].children[0],)
         node = nodes[leaf]
         accept = 1.0 if not leaf else node.weight  # step 4: an isolated root is always accepted
+        yield leaf, node, accept
+        if accept >= 1.0:
+            return
+        parent = nodes[leaf[:-1]]
+        parent.p, parent.q, parent.weight = after_rejection(parent.p, parent.q, parent.weight, leaf[-1])
+        parent.children.remove(leaf[-1])
+        del nodes[leaf]
+        _reweigh(nodes, leaf[:-1])
+
+
+def traversal_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> dict[MultiPathResult, float]:
+    """Return the exact law {outcome: probability} of traversal verification of K paths (§2.9 `traversal`).
+
+    draft_tokens: [K, γ]; q: [K, γ, V]; p: [K, γ+1, V] (the contract of `verispec.verify.tree`).
+    """
+    law: dict[MultiPathResult, float] = {}
+    alive = 1.0  # the probability that every leaf visited so far was rejected
+    for leaf, node, accept in leaf_visits(draft_tokens, q, p):
         for token, prob in enumerate((alive * accept * node.p).tolist()):
             if prob > 0.0:
                 outcome = MultiPathResult(path=node.path, accepted=len(leaf), token=token)
@@ -70,11 +91,6 @@ def traversal_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.T
         alive *= 1.0 - accept
         if alive <= 0.0:
             break
-        parent = nodes[leaf[:-1]]
-        parent.p, parent.q, parent.weight = after_rejection(parent.p, parent.q, parent.weight, leaf[-1])
-        parent.children.remove(leaf[-1])
-        del nodes[leaf]
-        _reweigh(nodes, leaf[:-1])
     return law
 
 
@@ -98,5 +114,12 @@ def after_rejection(
 def traversal_verify(
     draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
 ) -> MultiPathResult:
-    """Verify K paths with traversal verification (§2.9); return (path, accepted τ, extra token)."""
-    return draw_outcome(traversal_verify_law(draft_tokens, q, p), generator)
+    """Verify K paths with traversal verification (§2.9); return (path, accepted τ, extra token).
+
+    It walks the chain of `leaf_visits` that `traversal_verify_law` sums, with one coin per leaf and one draw from
+    the accepted leaf's p: the same law, without enumerating the vocabulary at every leaf.
+    """
+    for leaf, node, accept in leaf_visits(draft_tokens, q, p):
+        if accept >= 1.0 or float(torch.rand((), generator=generator, dtype=torch.float64)) < accept:
+            return MultiPathResult(path=node.path, accepted=len(leaf), token=sample(node.p, generator))
+    raise AssertionError("the traversal chain ends with an acceptance")  # leaf_visits ends at accept = 1
