@@ -7,9 +7,11 @@ peers (transformers' own decoding) through `peers.peer_generate`; both return a 
 same fields.
 
 The results file holds: `schema`, `config` (the BenchConfig), `machine`, `versions`, `git_commit`, `git_dirty`,
-`started`, `wall_seconds`, `aggregate` (one row per method, `metrics.summarize`) and `records` (one per prompt and
-method: `prompt_index`, `prompt_id`, `category`, `prompt`, `method`, `order`, then `Generation.to_dict()`, then
-`flops` (`bench.flops`) and, with `quality`, `quality` (`bench.quality`), both computed after the timed runs).
+`started`, `wall_seconds`, `runs` (one per invocation: start, seconds, prompts, machine, commit), `aggregate` (one
+row per method, `metrics.summarize`) and `records` (one per prompt and method: `prompt_index`, `prompt_id`,
+`category`, `prompt`, `method`, `order`, `run` (the invocation that measured it), `finished` (wall-clock time, to
+find decodes that ran while something else loaded the machine), then `Generation.to_dict()`, then `flops`
+(`bench.flops`) and, with `quality`, `quality` (`bench.quality`), both computed after the prompt's timed runs).
 """
 
 from __future__ import annotations
@@ -316,7 +318,7 @@ def run_bench(
             gen = decode_one(decoder, config, method, prompt, index, peer_decoder=peer_decoder)
             batch.append({"prompt_index": index, "prompt_id": prompt.id, "category": prompt.category,
                           "prompt": prompt.text, "method": method, "order": len(records) + len(batch),
-                          "run": len(runs) - 1, **gen.to_dict()})
+                          "run": len(runs) - 1, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), **gen.to_dict()})
             bar.update()
         run["wall_seconds"] += time.perf_counter() - start
         # Scoring happens after the prompt's timed runs, so it never touches a measured decode.
