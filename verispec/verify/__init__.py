@@ -16,6 +16,8 @@ Glossary (ALGORITHMS.md §0; p = target, q = draft, always):
 Every verifier here is a pure function of tensors (draft tokens, q, p, a torch.Generator): no models, no caches.
 Each one first computes its exact output law (`BlockLaw`: P(τ = i) and the residual at each i), then draws one
 outcome from it; the law is what the exact-enumeration tests check, and the draw is shared by all verifiers.
+Traversal is the exception: its sampler walks the same chain of leaf visits that its law sums (one coin a leaf),
+since enumerating the vocabulary at every visited leaf costs far more than the draw; a Monte-Carlo test ties the two.
 """
 
 from verispec.verify.approximate import sprinter_verify, sprinter_verify_law
