@@ -86,3 +86,27 @@ def test_sprinter_needs_a_verifier(tiny_pair, tokenizer):
 def test_bad_sprinter_settings(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         DecodeConfig("sprinter", **kwargs)
+
+
+def test_trace_records_tv_and_the_exact_leak_at_steered_positions():
+    target, draft = tabular_pair()
+    p0, q0 = target.conditional([0]).double(), draft.conditional([0]).double()
+    tv0 = float(0.5 * (p0 - q0).abs().sum())
+    for accept, method in ((True, "sprinter"), (False, "sprinter"), (True, "sprinter-exact")):
+        engine = Engine(target, draft, verifier=constant_verifier(accept))
+        out = engine.decode([0], DecodeConfig(method, max_new_tokens=8, cap=3, sampling=SAMPLING, seed=1))
+        first = out.trace.rounds[0]
+        assert out.trace.time_diagnostics > 0  # the online bookkeeping is timed apart from the decode
+        assert first.tv_pq[0] == pytest.approx(tv0)  # position 1 of the first round continues the prompt [0]
+        for r in out.trace.rounds:
+            assert len(r.tv_pq) == len(r.leak) == r.drafted
+            steered = [(tv, leak) for tv, leak in zip(r.tv_pq, r.leak, strict=True) if leak is not None]
+            if method == "sprinter-exact":
+                assert not steered  # lossless: every token is verified, nothing leaks
+            elif accept:  # a ≡ 1: ε = Σ (q − p)_+ = TV(p, q), the whole leak the draft can make
+                assert all(leak == pytest.approx(tv) for tv, leak in steered)
+            else:  # a ≡ 0: nothing is committed unchecked
+                assert all(leak == 0.0 for _, leak in steered)
+        if method == "sprinter" and accept:  # runs reach the cap: the cap-th position is verified whatever a says
+            assert all(r.leak[-1] is None for r in out.trace.rounds if r.drafted)
+            assert any(leak is not None for r in out.trace.rounds for leak in r.leak)

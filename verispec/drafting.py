@@ -26,6 +26,7 @@ class DraftBlock:
     fed: int  # tokens those passes processed
     scores: list[float] = field(default_factory=list)  # [γ'] stop-rule scores of each drafted token (SPRINTER)
     accepted_by_rule: list[bool] = field(default_factory=list)  # [γ'] the stop rule's decision on each token
+    hiddens: list[torch.Tensor] = field(default_factory=list)  # [γ'] the hidden state each token was scored on
 
     @property
     def length(self) -> int:
@@ -46,6 +47,10 @@ class StopRule(Protocol):
 
     def accepts(self, score: float) -> bool:
         """Return whether drafting continues after a token with this score."""
+        ...
+
+    def accept_mask(self, hidden: torch.Tensor, q_row: torch.Tensor, position: int) -> torch.Tensor:
+        """Return `[V]` float64: 1 where drafting would continue had token v been drawn at this position, else 0."""
         ...
 
 
@@ -80,7 +85,9 @@ def draft_paths(
     for path in paths:
         path.append(sample(q_root[0], generator))
     scores: list[float] = []
+    hiddens: list[torch.Tensor] = []
     if stop_rule is not None:
+        hiddens.append(out.hidden[0])
         scores.append(stop_rule.score(out.hidden[0], q_root[0], paths[0][0], 1))
     for depth in range(1, gamma):
         if all(any(t in eos_token_ids for t in path) for path in paths):
@@ -101,9 +108,10 @@ def draft_paths(
             path.append(sample(q_depth[k], generator))
         rows.append(q_depth)
         if stop_rule is not None:
+            hiddens.append(out.hidden[0])
             scores.append(stop_rule.score(out.hidden[0], q_depth[0], paths[0][-1], depth + 1))
     decisions = [stop_rule.accepts(score) for score in scores] if stop_rule is not None else []
-    return DraftBlock(paths, torch.stack(rows, dim=1), positions, forwards, fed, scores, decisions)
+    return DraftBlock(paths, torch.stack(rows, dim=1), positions, forwards, fed, scores, decisions, hiddens)
 
 
 @dataclass

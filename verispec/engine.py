@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verispec.drafting import StopRule, draft_paths, merge_paths
+from verispec.drafting import DraftBlock, StopRule, draft_paths, merge_paths
 from verispec.errors import ConfigError
 from verispec.methods import Method, MultiPathResult, get_method
 from verispec.models.protocol import CausalLM
@@ -162,6 +162,7 @@ class Engine:
                 paths=config.paths, tree_nodes=len(tree.tokens),
             )
             if stop_rule is not None:
+                t_diag = time.perf_counter()
                 # The target pass covers every drafted token, so whether each one was acceptable (q(x) ≤ p(x),
                 # λ = 1) is known for free: η_FP and η_TP are measured online at the deployed threshold (§3.8).
                 index = block.as_tensor()[0].view(-1, 1)
@@ -169,6 +170,9 @@ class Engine:
                 round_trace.verifier_scores = block.scores
                 round_trace.verifier_accepts = block.accepted_by_rule
                 round_trace.acceptable = (q_x <= p_x).tolist()
+                round_trace.tv_pq, round_trace.leak = position_leaks(
+                    stop_rule, block, p[0, :-1], gamma, lossless=method.lossless)
+                trace.time_diagnostics += time.perf_counter() - t_diag
             trace.rounds.append(round_trace)
             trace.time_draft += t1 - t0 + (t2 - t1 if decoder_is_draft else 0.0)
             trace.time_target += 0.0 if decoder_is_draft else t2 - t1
@@ -182,7 +186,7 @@ class Engine:
             if drafter is not None:
                 kept_draft = block.positions[result.path][: result.accepted]
                 self._roll_back(drafter, base, kept_draft, config.paths)
-        trace.time_total = time.perf_counter() - start
+        trace.time_total = time.perf_counter() - start - trace.time_diagnostics
         return DecodeOutput(tokens=tokens[n_prompt:], trace=trace, stopped_at_eos=stopped_at_eos)
 
     @staticmethod
@@ -192,6 +196,29 @@ class Engine:
             model.truncate(min(model.cache_length, base + len(kept)))
         else:
             model.keep(list(range(min(base, model.cache_length))) + kept)
+
+
+def position_leaks(
+    stop_rule: StopRule, block: DraftBlock, p_rows: torch.Tensor, reachable: int, lossless: bool
+) -> tuple[list[float], list[float | None]]:
+    """Return (TV(p, q), ε) at each drafted position of a SPRINTER round (`RoundTrace.tv_pq`, `.leak`).
+
+    ε = Σ_v a(v)·(q(v) − p(v))_+ with a(v) the verifier's decision had v been drawn (§3.3, `theory.leak`); the
+    position at `reachable` (the cap, or the room left before max_new_tokens) is verified whatever a says, and so is
+    every position of a lossless method: None there.
+    """
+    q_rows = block.q[0]  # [γ', V]
+    tv = (0.5 * (p_rows - q_rows).abs().sum(-1)).tolist()
+    if lossless:
+        return tv, [None] * len(tv)
+    leaks: list[float | None] = []
+    for i, hidden in enumerate(block.hiddens):
+        if i + 1 >= reachable:
+            leaks.append(None)
+            continue
+        excess = (q_rows[i] - p_rows[i]).clamp_min(0.0)
+        leaks.append(float((stop_rule.accept_mask(hidden, q_rows[i], i + 1) * excess).sum()))
+    return tv, leaks
 
 
 def verify_paths(method: Method, draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,

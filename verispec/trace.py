@@ -21,6 +21,11 @@ class RoundTrace:
     verifier_scores: list[float] = field(default_factory=list)  # SPRINTER: learned-verifier score of each token
     verifier_accepts: list[bool] = field(default_factory=list)  # SPRINTER: its decision on each token
     acceptable: list[bool] = field(default_factory=list)  # SPRINTER: q(x) ≤ p(x) for each token (from the target)
+    tv_pq: list[float] = field(default_factory=list)  # SPRINTER: TV(p, q) at each drafted position
+    # SPRINTER: ε = Σ_v a(v)·(q(v) − p(v))_+ at each drafted position, the exact TV between that position's output
+    # law and p given the verifier's decisions a(v) (§3.3); None where the token is verified whatever a says (the
+    # last position a round can reach, and every position of a lossless method)
+    leak: list[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -35,7 +40,10 @@ class Trace:
     time_draft: float = 0.0  # seconds in draft forwards and draft sampling
     time_target: float = 0.0  # seconds in target forwards
     time_verify: float = 0.0  # seconds turning target logits into probabilities and verifying
-    time_total: float = 0.0  # the whole decode, wall clock
+    time_total: float = 0.0  # the whole decode, wall clock, less `time_diagnostics`
+    # SPRINTER's online bookkeeping (acceptability, TV and leak of every drafted position): not part of the method,
+    # so kept out of time_total and reported here
+    time_diagnostics: float = 0.0
     prefill_tokens: int = 0  # prompt length
 
     @property

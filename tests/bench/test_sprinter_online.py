@@ -52,3 +52,16 @@ def test_report_section_lists_predictions_and_positions():
     assert "E[T] predicted" in text and "| sprinter:tau=0.5 | 4 (3) | 3 | 0.667 |" in text
     assert "| sprinter:tau=0.5 | 0.75 / 0.75 (n = 4) | 0.67 / 0.67 (n = 3) |" in text
     assert "position 2+" in text
+
+
+def test_total_variation_measured_against_predicted():
+    rounds = [
+        {**_round([True, False], [True, False], 1), "tv_pq": [0.2, 0.4], "leak": [0.05, 0.1]},
+        {**_round([True, True, True], [True, True, True], 3), "tv_pq": [0.1, 0.3, 0.5], "leak": [0.0, 0.2, None]},
+    ]
+    out = sprinter_online([{"config": {"cap": 3}, "trace": {"rounds": rounds}}])
+    assert out["tv_positions"] == 4  # the cap-th position is verified whatever the verifier says: not steered
+    assert out["tv_pq"] == pytest.approx((0.2 + 0.4 + 0.1 + 0.3) / 4)
+    assert out["tv_out"] == pytest.approx((0.05 + 0.1 + 0.0 + 0.2) / 4)
+    assert out["eta_fp"] == 0.0 and out["tv_out_predicted"] == 0.0  # the one unacceptable token was rejected
+    assert sprinter_online(RECORDS)["tv_out"] is None  # traces without the record

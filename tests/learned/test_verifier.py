@@ -152,3 +152,22 @@ def test_other_damage(tmp_path, trained):
     write_with(path, trained, tensors={"weight": torch.zeros(8, dtype=torch.float64)})
     with pytest.raises(VerifierFileError, match="lacks the tensor 'bias'"):
         LearnedVerifier.load(path)
+
+
+@pytest.mark.parametrize("features", ["context", "token"])
+def test_accept_mask_is_the_decision_for_every_token(features):
+    gen = torch.Generator().manual_seed(0)
+    hidden_size, vocab = 6, 40
+    extra = 4 if features == "token" else 0
+    weight = torch.randn(hidden_size + extra, generator=gen, dtype=torch.float64)
+    mixed = False
+    for tau in (0.3, 0.5, 0.7):
+        verifier = LearnedVerifier(weight, 0.1, features, tau, 1.0, hidden_size, "any")
+        hidden = torch.randn(hidden_size, generator=gen)
+        q_row = torch.softmax(2 * torch.randn(vocab, generator=gen, dtype=torch.float64), -1)
+        for position in (1, 3):
+            mask = verifier.accept_mask(hidden, q_row, position)
+            decisions = [verifier.accepts(verifier.score(hidden, q_row, v, position)) for v in range(vocab)]
+            assert mask.tolist() == [float(d) for d in decisions]
+            mixed |= 0 < float(mask.sum()) < vocab
+    assert mixed == (features == "token")  # a token verifier separates tokens: the check compares real decisions

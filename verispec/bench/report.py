@@ -106,6 +106,9 @@ SPRINTER_COLUMNS: list[Column] = [
     ("N measured", lambda r: _fmt(r["tokens_per_round"], ".2f")),
     ("E[N] predicted", lambda r: _fmt(r["tokens_per_round_predicted"], ".2f")),
     ("error autocorrelation", lambda r: _fmt(r["error_autocorrelation"], ".3f")),
+    ("TV(p, q)", lambda r: _fmt(r.get("tv_pq"), ".3f")),
+    ("TV(out, p) measured", lambda r: _fmt(r.get("tv_out"), ".4f")),
+    ("η_FP·TV(p, q) predicted", lambda r: _fmt(r.get("tv_out_predicted"), ".4f")),
 ]
 
 SPRINTER_NOTE = (
@@ -115,8 +118,11 @@ SPRINTER_NOTE = (
     "committed per round (T + 1 on a pass), over the rounds that ended at a rejection or at the cap; E[T] = "
     "(1 − π^C)/(1 − π) and E[N] = E[T] + pass rate (ALGORITHMS.md §3.4, i.i.d. verifier decisions); error "
     "autocorrelation: lag-1 correlation of verifier errors (accept ≠ acceptable) between consecutive tokens of a run "
-    "(i.i.d.: 0). By position: the verifier's acceptance rate / the acceptable share at each position of a run "
-    "(i.i.d.: flat); the last column pools the later positions."
+    "(i.i.d.: 0). TV columns, over the positions the verifier steers: TV(p, q); TV(out, p) = mean ε = Σ_v a(v)·"
+    "(q(v) − p(v))_+, exact per position given the verifier's decision a(v) on every token (§3.3); predicted "
+    "η_FP·TV(p, q) (§3.3, token-aware verifier, λ = 1); '-' for lossless methods. By position: the verifier's "
+    "acceptance rate / the acceptable share at each position of a run (i.i.d.: flat); the last column pools the "
+    "later positions."
 )
 
 

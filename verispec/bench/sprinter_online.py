@@ -12,7 +12,11 @@ observed online. From the records of one method this module returns:
   measured pass rate of the checked tokens (`pass_rate`);
 * `per_position`: by position in the run, the verifier's acceptance rate and the acceptable share (i.i.d. says flat);
 * `error_autocorrelation`: the lag-1 correlation of verifier errors (accept ≠ acceptable) between consecutive
-  tokens of the same run (i.i.d. says 0).
+  tokens of the same run (i.i.d. says 0);
+* `tv_out`: the mean over steered positions of ε = Σ_v a(v)·(q(v) − p(v))_+, the exact total-variation distance
+  between that position's output law and p given the verifier's decision a(v) for every token (§3.3, recorded by
+  the engine), against `tv_out_predicted` = η_FP·TV(p, q) (§3.3, token-aware verifier at λ = 1), with `tv_pq` the
+  mean TV(p, q) there; None for lossless methods and traces without it.
 
 Only "natural" rounds enter the run-length figures: those that ended at a rejection or at the cap. A round cut
 short by `max_new_tokens` or an EOS ends with an accepted token below the cap and would bias T downwards.
@@ -66,6 +70,14 @@ def sprinter_online(records: Sequence[dict[str, Any]], max_positions: int = 8) -
         out["run_length_predicted"] = expected_run_length(pi, cap)
         # The bonus rule is the same whether the last token was a rejection or the cap: one measured pass rate.
         out["tokens_per_round_predicted"] = expected_tokens_per_round(pi, cap, pass_rate)
+
+    # §3.3: at a position the verifier steers, TV(output law, p) = ε exactly; predicted η_FP·TV(p, q).
+    steered = [(tv, leak) for _, r in runs for tv, leak in zip(r.get("tv_pq") or [], r.get("leak") or [], strict=True)
+               if leak is not None]
+    out["tv_positions"] = len(steered)
+    out["tv_pq"] = sum(tv for tv, _ in steered) / len(steered) if steered else None
+    out["tv_out"] = sum(leak for _, leak in steered) / len(steered) if steered else None
+    out["tv_out_predicted"] = out["eta_fp"] * out["tv_pq"] if steered and out["eta_fp"] is not None else None
 
     by_position: dict[int, list[tuple[bool, bool]]] = {}
     for _, r in runs:

@@ -30,6 +30,10 @@ REQUIRED_FIELDS = ("format", "version", "features", "threshold", "lam", "hidden_
 MIN_LOG_PROB = 1e-12  # log q(x) is clamped here: a drafted token has q(x) > 0, but rounding can give 0
 
 
+def _sigmoid(logit: float) -> float:
+    return 1.0 / (1.0 + math.exp(-logit)) if logit >= 0 else math.exp(logit) / (1.0 + math.exp(logit))
+
+
 def entropy(q: torch.Tensor) -> torch.Tensor:
     """Return the entropy (nats) of the distributions `[..., V]` → `[...]`, float64, with 0·log 0 = 0."""
     q = q.to(torch.float64)
@@ -102,8 +106,7 @@ class LearnedVerifier:
 
     def score(self, hidden: torch.Tensor, q_row: torch.Tensor, token: int, position: int) -> float:
         """Return the probability (sigmoid of the logit) that the drafted token is acceptable."""
-        logit = float(self.weight @ self.feature_vector(hidden, q_row, token, position)) + self.bias
-        return 1.0 / (1.0 + math.exp(-logit)) if logit >= 0 else math.exp(logit) / (1.0 + math.exp(logit))
+        return _sigmoid(float(self.weight @ self.feature_vector(hidden, q_row, token, position)) + self.bias)
 
     def score_features(self, features: torch.Tensor) -> torch.Tensor:
         """Return the scores `[N]` float64 of a feature matrix `[N, F]`."""
@@ -112,6 +115,19 @@ class LearnedVerifier:
     def accepts(self, score: float) -> bool:
         """Return whether a score is accepted: score ≥ τ (§3.1 breaks the run when score < τ)."""
         return score >= self.threshold
+
+    def accept_mask(self, hidden: torch.Tensor, q_row: torch.Tensor, position: int) -> torch.Tensor:
+        """Return `[V]` float64: 1 where the verifier accepts token v at this position (score ≥ τ), else 0 — its
+        decision for every token the draft could have drawn from `q_row`, which fixes the position's output law."""
+        if hidden.shape != (self.hidden_size,):
+            raise ValueError(f"hidden state must be [{self.hidden_size}], got {tuple(hidden.shape)}")
+        q = q_row.to(torch.float64)
+        base = float(self.weight[: self.hidden_size] @ hidden.to(torch.float64)) + self.bias
+        if self.features == "context":
+            return torch.full_like(q, float(self.accepts(_sigmoid(base))))
+        extra = token_features(q, entropy(q).expand_as(q), torch.full_like(q, float(position)))  # [V, 4]
+        scores = torch.sigmoid(base + extra @ self.weight[self.hidden_size :])
+        return (scores >= self.threshold).to(torch.float64)
 
     def with_threshold(self, tau: float) -> LearnedVerifier:
         """Return a copy with threshold τ."""
