@@ -253,3 +253,21 @@ def test_peers_are_priced_with_their_own_profile(tmp_path, bench_records):
     assert "Warning" not in markdown
     with pytest.raises(ConfigError, match="pass --profile too"):
         write_report(path, peer_profile_path=peer_file)
+
+
+def test_modelled_theory_uses_each_methods_own_gamma(tmp_path, bench_records):
+    records = [{**r, "method": "sd:gamma=1"} if r["method"] == "sd" else r for r in bench_records]
+    config = BenchConfig(methods=["ar", "sd:gamma=1"], gamma=3, linear_backend="torch")
+    path = _results_file(tmp_path, records)
+    results = json.loads(path.read_text())
+    results["config"] = asdict(config)
+    results["aggregate"] = summarize(records, config.methods, "ar", {"ar": 3, "sd:gamma=1": 1}, 100, 0)
+    path.write_text(json.dumps(results))
+    accel = accelerator_profile(1000, 250)
+    alpha = alpha_estimate([r for r in records if r["method"] == "sd:gamma=1"])
+    expected = theoretical_speedup(alpha, 1, *cost_ratios(accel, 1))
+    wrong = theoretical_speedup(alpha, 3, *cost_ratios(accel, 3))
+    assert f"{expected:.2f}" != f"{wrong:.2f}"  # the check can tell γ = 1 from the run's γ = 3
+    section = write_report(path, profile_path=accel.save(tmp_path / "accel.json"))[0].split("## Modelled")[1]
+    row = next(line for line in section.splitlines() if line.startswith("| sd:gamma=1 |"))
+    assert f"| {expected:.2f}x |" in row

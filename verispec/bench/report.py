@@ -296,6 +296,7 @@ def render_modelled(results: dict[str, Any], profile: Any, baseline: str, peer_p
     transformers peers' with `peer_profile` when given (they run their own linear path)."""
     from verispec.bench.metrics import theoretical_speedup
     from verispec.bench.peers import PEERS
+    from verispec.bench.variants import parse_method
     from verispec.costmodel import KIND_MODELLED, cost_ratios, modelled_speedup
 
     cfg = results["config"]
@@ -303,9 +304,12 @@ def render_modelled(results: dict[str, Any], profile: Any, baseline: str, peer_p
     rows = modelled_speedup(results["records"], profile, baseline,
                             {m: peer_profile for m in peers} if peer_profile is not None else None)
     alpha = {r["method"]: r.get("alpha") for r in results["aggregate"]}
+    for row in rows:  # the SD formula at each method's own γ and at the c, f of the profile that prices it
+        priced = peer_profile if peer_profile is not None and row["method"] in peers else profile
+        gamma = int(parse_method(row["method"], {row["method"].split(":")[0]}).overrides.get("gamma", cfg["gamma"]))
+        c, f = cost_ratios(priced, gamma) if {"target", "draft"} <= set(priced.models) else (None, None)
+        row["profile_theory"] = theoretical_speedup(alpha.get(row["method"]), gamma, c, f)
     c, f = cost_ratios(profile, cfg["gamma"]) if {"target", "draft"} <= set(profile.models) else (None, None)
-    for row in rows:
-        row["profile_theory"] = theoretical_speedup(alpha.get(row["method"]), cfg["gamma"], c, f)
     target = profile.models.get("target")
     device = cfg.get("device", "cpu")
     run = (cfg["dtype"], device, cfg.get("linear_backend", "torch") if device.startswith("cpu") else "torch")
