@@ -18,6 +18,7 @@ from verispec.errors import ConfigError
 from verispec.methods import Method, MultiPathResult, get_method
 from verispec.models.protocol import CausalLM
 from verispec.sampling import SamplingConfig, process_logits
+from verispec.theory import leak
 from verispec.trace import RoundTrace, Trace
 
 
@@ -216,8 +217,7 @@ def position_leaks(
         if i + 1 >= reachable:
             leaks.append(None)
             continue
-        excess = (q_rows[i] - p_rows[i]).clamp_min(0.0)
-        leaks.append(float((stop_rule.accept_mask(hidden, q_rows[i], i + 1) * excess).sum()))
+        leaks.append(leak(p_rows[i], q_rows[i], stop_rule.accept_mask(hidden, q_rows[i], i + 1)))
     return tv, leaks
 
 

@@ -43,7 +43,7 @@ import numpy as np
 
 from verispec.bench.flops import summarize_flops
 from verispec.bench.quality import summarize_quality
-from verispec.bench.sprinter_online import sprinter_online
+from verispec.bench.sprinter_online import sprinter_online, verifier_rates
 
 
 def _rounds(records: Sequence[dict[str, Any]], skip_first: bool = False) -> list[dict[str, Any]]:
@@ -102,16 +102,6 @@ def bootstrap_speedup(
     ratio = (sums_b[valid, 0] / sums_b[valid, 1]) / (sums_m[valid, 0] / sums_m[valid, 1])
     lo, hi = np.quantile(ratio, [0.025, 0.975])
     return float(lo), float(hi)
-
-
-def verifier_rates(records: Sequence[dict[str, Any]]) -> dict[str, float | int | None]:
-    """Return the learned verifier's online η_FP = P(accept | unacceptable), η_TP = P(accept | acceptable) and the
-    token count, pooled over the records' drafted tokens (acceptable: q(x) ≤ p(x) in the same round's target pass)."""
-    pairs = [(a, ok) for r in _rounds(records) for a, ok in zip(r.get("verifier_accepts") or [],
-                                                                 r.get("acceptable") or [], strict=True)]
-    bad, good = [a for a, ok in pairs if not ok], [a for a, ok in pairs if ok]
-    return {"eta_fp": sum(bad) / len(bad) if bad else None, "eta_tp": sum(good) / len(good) if good else None,
-            "verifier_tokens": len(pairs)}
 
 
 SD_FORMULA_METHODS = ("sd", "hf-assisted")

@@ -6,7 +6,7 @@ pass covers the whole run, each drafted token's acceptability (q(x) ≤ p(x)) is
 observed online. From the records of one method this module returns:
 
 * `pi`: the verifier's acceptance rate over the decisions that steer a run (tokens below the cap);
-* `alpha`: the share of drafted tokens that were acceptable; `eta_tp`, `eta_fp` as in `metrics.verifier_rates`;
+* `alpha`: the share of drafted tokens that were acceptable; `eta_tp`, `eta_fp` from `verifier_rates`;
 * `run_length` measured vs `run_length_predicted` = E[T] = (1 − π^C)/(1 − π), the §3.4 formula under i.i.d.
   decisions; `tokens_per_round` measured vs `tokens_per_round_predicted` = E[T] + P(pass), with P(pass) the
   measured pass rate of the checked tokens (`pass_rate`);
@@ -33,6 +33,16 @@ from verispec.learned.evaluate import error_autocorrelation
 from verispec.theory import expected_run_length, expected_tokens_per_round
 
 
+def verifier_rates(records: Sequence[dict[str, Any]]) -> dict[str, float | int | None]:
+    """Return the learned verifier's online η_FP = P(accept | unacceptable), η_TP = P(accept | acceptable) and the
+    token count, pooled over the records' drafted tokens (acceptable: q(x) ≤ p(x) in the same round's target pass)."""
+    pairs = [(a, ok) for rec in records for r in rec["trace"]["rounds"]
+             for a, ok in zip(r.get("verifier_accepts") or [], r.get("acceptable") or [], strict=True)]
+    bad, good = [a for a, ok in pairs if not ok], [a for a, ok in pairs if ok]
+    return {"eta_fp": sum(bad) / len(bad) if bad else None, "eta_tp": sum(good) / len(good) if good else None,
+            "verifier_tokens": len(pairs)}
+
+
 def _natural(round_: dict[str, Any], cap: int) -> bool:
     accepts = round_["verifier_accepts"]
     return bool(accepts) and (not accepts[-1] or len(accepts) == cap)
@@ -52,8 +62,8 @@ def sprinter_online(records: Sequence[dict[str, Any]], max_positions: int = 8) -
     cap = caps.pop() if len(caps) == 1 else None  # one formula needs one cap
     steering = [a for c, r in runs for i, a in enumerate(r["verifier_accepts"]) if i + 1 < c]
     pi = sum(steering) / len(steering) if steering else None
-    pairs = [(a, ok) for _, r in runs for a, ok in zip(r["verifier_accepts"], r["acceptable"], strict=True)]
-    good, bad = [a for a, ok in pairs if ok], [a for a, ok in pairs if not ok]
+    rates = verifier_rates(records)
+    acceptable = sum(ok for _, r in runs for ok in r["acceptable"])
 
     natural = [r for c, r in runs if _natural(r, c)]
     run_length = sum(len(r["verifier_accepts"]) for r in natural) / len(natural) if natural else None
@@ -61,8 +71,8 @@ def sprinter_online(records: Sequence[dict[str, Any]], max_positions: int = 8) -
     pass_rate = sum(passed) / len(passed) if passed else None
     out: dict[str, Any] = {
         "rounds": len(runs), "natural_rounds": len(natural), "cap": cap, "pi": pi,
-        "alpha": len(good) / len(pairs), "eta_tp": sum(good) / len(good) if good else None,
-        "eta_fp": sum(bad) / len(bad) if bad else None, "pass_rate": pass_rate, "run_length": run_length,
+        "alpha": acceptable / rates["verifier_tokens"], "eta_tp": rates["eta_tp"], "eta_fp": rates["eta_fp"],
+        "pass_rate": pass_rate, "run_length": run_length,
         "tokens_per_round": run_length + pass_rate if natural else None,
         "run_length_predicted": None, "tokens_per_round_predicted": None,
     }
