@@ -93,3 +93,16 @@ def test_draft_dtype_loads_a_cheaper_draft_and_stays_lossless(tiny_pair, tmp_pat
     assert sd.trace.draft_calls > 0
     with pytest.raises(ConfigError, match="dtype"):
         Decoder("some/model", draft_dtype="int3")
+
+
+def test_the_recorded_linear_backend_is_the_one_in_use(tiny_pair, tmp_path, monkeypatch):
+    from verispec.models import fastpath, loading
+
+    folder = tmp_path / "target"
+    tiny_pair["target"].model.save_pretrained(folder)
+    tiny_pair["target"].tokenizer.save_pretrained(folder)
+    assert loading.load_model(str(folder), "target", linear_backend="torch").linear_backend == "torch"
+    # Where oneDNN cannot pack the linears (no oneDNN here, or a CUDA device), the model runs transformers' own
+    # kernels, and the record, which goes into every profile and results file, must say so.
+    monkeypatch.setattr(fastpath, "onednn_available", lambda: False)
+    assert loading.load_model(str(folder), "target", linear_backend="onednn").linear_backend == "torch"

@@ -344,3 +344,18 @@ def test_empty_paths_sample_from_p():
 def test_shape_contract_is_checked():
     with pytest.raises(AssertionError, match="p must be"):
         gbv_verify(torch.tensor([[0, 1]]), torch.rand(1, 2, 3), torch.rand(1, 2, 3))
+
+
+def test_token_order_is_the_ratio_order_with_ties_to_the_larger_id():
+    generator = torch.Generator().manual_seed(0)
+    key = torch.rand(151_936, generator=generator, dtype=torch.float64) * 10
+    key[:1000] = 1.0  # a block of exact ties, as with p = q
+    key[1000:1100] = key[1000:1100].to(torch.float32).to(torch.float64) + 1e-12  # distinct in float64 only
+    key[5] = 0.0  # p = 0
+    key[6] = -0.0  # the same key as +0.0: the tie goes to the larger id
+    key[7] = 1e300  # p/q with q clamped to MIN_DRAFT_PROB
+    order, rank = multipath.token_order(key)
+    assert torch.equal(order, torch.argsort(key, stable=True))  # ascending float64 key, ties in token-id order
+    assert torch.equal(rank[order], torch.arange(key.shape[0]))
+    assert order[:2].tolist() == [5, 6] and order[-1] == 7
+    assert multipath.select_child([3, 999, 2], key, rank) == 999  # equal keys: the larger id wins, as in the skew

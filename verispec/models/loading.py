@@ -36,7 +36,7 @@ def load_model(
         path, name = spec, spec
     model, tokenizer = load_pretrained(path, dtype=dtype, device=device)
     wrapped = HFCausalLM(model, tokenizer, name=name)  # reads the vocabulary size before the weights are packed
-    if linear_backend == "onednn" and str(device).startswith("cpu"):
-        use_onednn_linears(model)
-    wrapped.linear_backend = linear_backend
+    # Record the kernels actually in use: off the CPU (or without oneDNN) the linears stay transformers' own.
+    packed = linear_backend == "onednn" and str(device).startswith("cpu") and use_onednn_linears(model) > 0
+    wrapped.linear_backend = "onednn" if packed else "torch"
     return wrapped

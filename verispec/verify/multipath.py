@@ -40,7 +40,11 @@ def token_order(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     The stable sort keeps equal keys in token-id order, so ties go to the larger token id. One sort gives both:
     selection reads `rank`, the skew reads `order`, so they cannot disagree on ties (the trap of §2.2).
     """
-    order = torch.argsort(key, stable=True)  # [V]
+    # This sort is most of GBV's cost. A non-negative float64's bit pattern read as an int64 is ordered like the
+    # float, and torch sorts int64 about 2x faster than float64 on the CPU (~7 against ~14 ms at V = 151,936).
+    # Same order, ties included; `+ 0.0` turns a -0.0 into +0.0, the only sign bit a ratio p/q can carry.
+    bits = (key.to(torch.float64).clamp_min(0.0) + 0.0).contiguous().view(torch.int64)
+    order = torch.sort(bits, stable=True).indices  # [V]
     rank = torch.empty_like(order)
     rank[order] = torch.arange(key.shape[0], device=key.device)
     return order, rank
