@@ -8,7 +8,7 @@ from dataclasses import asdict
 import pytest
 
 from verispec.bench.metrics import summarize
-from verispec.bench.report import FULL_COLUMNS, format_table, write_report
+from verispec.bench.report import FULL_COLUMNS, format_table, full_columns, write_report
 from verispec.bench.runner import BenchConfig
 from verispec.cli import main
 from verispec.errors import ConfigError
@@ -51,6 +51,22 @@ def test_report_writes_markdown_table_and_png(results_file):
     data = png_path.read_bytes()
     assert png_path.name == "results_speedup.png" and data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     assert "![speedup](results_speedup.png)" in md_path.read_text()
+
+
+def test_report_shows_the_speedup_over_the_compare_to_method(results_file, tmp_path):
+    _, results = results_file
+    config = BenchConfig(methods=["ar", "sd"], gamma=4, compare_to="sd")
+    results["config"] = asdict(config)
+    results["aggregate"] = summarize(results["records"], config.methods, "ar", 4, 500, 0, compare_to="sd")
+    path = tmp_path / "versus.json"
+    path.write_text(json.dumps(results))
+    markdown, _, _ = write_report(path)
+    header = next(line for line in markdown.splitlines() if line.startswith("| method |"))
+    assert "| speedup | 95% CI | vs sd | 95% CI vs sd |" in header
+    ar_row = next(line for line in markdown.splitlines() if line.startswith("| ar |"))
+    versus, ci = results["aggregate"][0]["speedup_vs_sd"], results["aggregate"][0]["speedup_vs_sd_ci95"]
+    assert versus < 1 and f"| {versus:.2f}x | [{ci[0]:.2f}, {ci[1]:.2f}] |" in ar_row  # ar is slower than sd
+    assert full_columns(None) == FULL_COLUMNS and "'vs sd' is the same against `sd`" in markdown
 
 
 def test_report_cli_prints_the_table_and_takes_paths(results_file, tmp_path, capsys):

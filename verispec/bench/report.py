@@ -54,6 +54,21 @@ FULL_COLUMNS: list[Column] = [
 ]
 
 
+def full_columns(compare_to: str | None = None) -> list[Column]:
+    """Return the columns of the report's main table; with `compare_to` (bench `--compare-to`), the speedup over
+    that method and its interval follow the speedup over the baseline."""
+    if compare_to is None:
+        return FULL_COLUMNS
+    key = f"speedup_vs_{compare_to}"
+    versus: list[Column] = [
+        (f"vs {compare_to}", lambda r: _fmt(r.get(key), ".2f", "x")),
+        (f"95% CI vs {compare_to}", lambda r: "-" if not r.get(f"{key}_ci95") else
+         f"[{r[f'{key}_ci95'][0]:.2f}, {r[f'{key}_ci95'][1]:.2f}]"),
+    ]
+    at = [header for header, _ in FULL_COLUMNS].index("95% CI") + 1
+    return [*FULL_COLUMNS[:at], *versus, *FULL_COLUMNS[at:]]
+
+
 def _with_ci(row: dict[str, Any], key: str, spec: str, count: bool = False) -> str:
     """Return `value [lo, hi]` (and `, n = prompts` with `count`) of an aggregate with a 95% interval."""
     value, ci = row.get(key), row.get(f"{key}_ci95")
@@ -181,10 +196,12 @@ def render_markdown(results: dict[str, Any], profile: Any = None, peer_profile: 
         f"{', ' + machine['gpu'] if machine.get('gpu') else ''}; torch {machine['torch']}, "
         f"transformers {machine['transformers']}; commit {commit}; started {results.get('started', '?')}.{resumed}",
         "",
-        format_table(results["aggregate"], FULL_COLUMNS),
+        format_table(results["aggregate"], full_columns(cfg.get("compare_to"))),
         "",
         "Speedup: baseline seconds per token / method seconds per token, with a 95% percentile-bootstrap interval "
-        "over prompts. α: per-position acceptance probability, accepted / (accepted + rejections). c: draft cost per "
+        "over prompts" + (f"; 'vs {cfg['compare_to']}' is the same against `{cfg['compare_to']}`, over the prompts "
+                          "both decoded" if cfg.get("compare_to") else "")
+        + ". α: per-position acceptance probability, accepted / (accepted + rejections). c: draft cost per "
         "drafted token and f: target cost of a γ+1-token block, both relative to a measured 1-token target forward; "
         "theoretical speedup (1 − α^{γ+1}) / ((1 − α)(γc + f)) (ALGORITHMS.md §3.4).",
     ]
