@@ -18,8 +18,8 @@ def _fmt(value: Any, spec: str, suffix: str = "") -> str:
     return "-" if value is None else format(value, spec) + suffix
 
 
-def _ci(row: dict[str, Any]) -> str:
-    ci = row.get("speedup_ci95")
+def _ci(row: dict[str, Any], key: str = "speedup") -> str:
+    ci = row.get(f"{key}_ci95")
     return "-" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
@@ -62,8 +62,7 @@ def full_columns(compare_to: str | None = None) -> list[Column]:
     key = f"speedup_vs_{compare_to}"
     versus: list[Column] = [
         (f"vs {compare_to}", lambda r: _fmt(r.get(key), ".2f", "x")),
-        (f"95% CI vs {compare_to}", lambda r: "-" if not r.get(f"{key}_ci95") else
-         f"[{r[f'{key}_ci95'][0]:.2f}, {r[f'{key}_ci95'][1]:.2f}]"),
+        (f"95% CI vs {compare_to}", lambda r: _ci(r, key)),
     ]
     at = [header for header, _ in FULL_COLUMNS].index("95% CI") + 1
     return [*FULL_COLUMNS[:at], *versus, *FULL_COLUMNS[at:]]
