@@ -11,7 +11,7 @@ import torch
 from verispec.engine import DecodeConfig, Engine
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.methods import get_method
-from verispec.models.fastpath import LINEAR_BACKENDS
+from verispec.models.fastpath import check_linear_backend
 from verispec.models.hf import HFCausalLM, parse_dtype
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND, load_model
 from verispec.sampling import SamplingConfig
@@ -76,8 +76,7 @@ class Decoder:
         parse_dtype(dtype)  # fail on a bad dtype now, not after minutes of loading
         if draft_dtype is not None:
             parse_dtype(draft_dtype)
-        if linear_backend not in LINEAR_BACKENDS:
-            raise ConfigError(f"unknown linear backend {linear_backend!r}; choose one of {', '.join(LINEAR_BACKENDS)}")
+        check_linear_backend(linear_backend)
         self.dtype, self.device, self.linear_backend = dtype, device, linear_backend
         # The draft may run in a cheaper dtype: every lossless method keeps the target's law whatever q is.
         self.draft_dtype = draft_dtype if draft_dtype is not None else dtype

@@ -37,6 +37,7 @@ from verispec.costmodel import (
     merge_profiles,
 )
 from verispec.errors import ConfigError, ModelFilesError
+from verispec.models.fastpath import apply_linear_backend
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND
 from verispec.models.protocol import CausalLM
 from verispec.sampling import SamplingConfig, process_logits, sample
@@ -128,19 +129,6 @@ def _load(spec: str | None, role: str, dtype: str, device: str, random_weights: 
     if random_weights:
         return random_like(spec, role, dtype, device)
     return load_model(spec, role, dtype, device, linear_backend="torch")  # packed below, after counting parameters
-
-
-def apply_linear_backend(model: Any, backend: str) -> str:
-    """Route an `HFCausalLM`'s linears through `backend` as `models.loading.load_model` does (oneDNN on CPU only);
-    return the backend in effect."""
-    from verispec.models.fastpath import LINEAR_BACKENDS, use_onednn_linears
-
-    if backend not in LINEAR_BACKENDS:
-        raise ConfigError(f"unknown linear backend {backend!r}; choose one of {', '.join(LINEAR_BACKENDS)}")
-    if backend == "onednn" and model.device.type == "cpu" and use_onednn_linears(model.model):
-        model.linear_backend = "onednn"
-        return "onednn"
-    return "torch"
 
 
 def measure_model_cost(

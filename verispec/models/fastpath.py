@@ -16,6 +16,15 @@ import torch
 LINEAR_BACKENDS = ("torch", "onednn")
 
 
+def check_linear_backend(backend: str) -> str:
+    """Return `backend` if it names a linear backend; raise ConfigError naming the choices otherwise."""
+    from verispec.errors import ConfigError
+
+    if backend not in LINEAR_BACKENDS:
+        raise ConfigError(f"unknown linear backend {backend!r}; choose one of {', '.join(LINEAR_BACKENDS)}")
+    return backend
+
+
 def onednn_available() -> bool:
     """Return whether this torch build has the oneDNN linear ops used here (CPU builds for x86 and ARM do)."""
     return (
@@ -63,3 +72,13 @@ def use_onednn_linears(model: torch.nn.Module, batch_hint: int = 4, min_rows: in
         module.weight = torch.nn.Parameter(weight.new_empty(module.out_features, 0), requires_grad=False)
         changed += 1
     return changed
+
+
+def apply_linear_backend(model: Any, backend: str) -> str:
+    """Route the linears of `model` (an `HFCausalLM`) through `backend`, record it as `model.linear_backend` and
+    return it: the backend actually in effect, "torch" off the CPU or where torch lacks oneDNN."""
+    on_cpu = model.device.type == "cpu"
+    packed = check_linear_backend(backend) == "onednn" and on_cpu and use_onednn_linears(model.model) > 0
+    model.linear_backend = "onednn" if packed else "torch"
+    return model.linear_backend
+

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from verispec.errors import ConfigError
 from verispec.models.default_pair import DEFAULT_PAIR, prepare
-from verispec.models.fastpath import LINEAR_BACKENDS, use_onednn_linears
+from verispec.models.fastpath import apply_linear_backend, check_linear_backend
 from verispec.models.hf import HFCausalLM, load_pretrained
 
 # oneDNN with packed weights: 1.8x faster 1-token target forwards in fp32 here and f(5) ≈ 1 instead of ≈ 1.9
@@ -27,8 +26,7 @@ def load_model(
 
     `linear_backend`: "onednn" (default; CPU only, see verispec.models.fastpath) or "torch" (transformers as is).
     """
-    if linear_backend not in LINEAR_BACKENDS:
-        raise ConfigError(f"unknown linear backend {linear_backend!r}; choose one of {', '.join(LINEAR_BACKENDS)}")
+    check_linear_backend(linear_backend)  # before minutes of loading
     if spec is None or spec == DEFAULT:
         embedded = DEFAULT_PAIR[role]
         path, name = str(prepare(embedded)), embedded.upstream
@@ -36,7 +34,5 @@ def load_model(
         path, name = spec, spec
     model, tokenizer = load_pretrained(path, dtype=dtype, device=device)
     wrapped = HFCausalLM(model, tokenizer, name=name)  # reads the vocabulary size before the weights are packed
-    # Record the kernels actually in use: off the CPU (or without oneDNN) the linears stay transformers' own.
-    packed = linear_backend == "onednn" and str(device).startswith("cpu") and use_onednn_linears(model) > 0
-    wrapped.linear_backend = "onednn" if packed else "torch"
+    apply_linear_backend(wrapped, linear_backend)
     return wrapped
