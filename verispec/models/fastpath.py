@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
+from verispec.errors import ConfigError
+
 LINEAR_BACKENDS = ("torch", "onednn")
 
 
 def check_linear_backend(backend: str) -> str:
     """Return `backend` if it names a linear backend; raise ConfigError naming the choices otherwise."""
-    from verispec.errors import ConfigError
-
     if backend not in LINEAR_BACKENDS:
         raise ConfigError(f"unknown linear backend {backend!r}; choose one of {', '.join(LINEAR_BACKENDS)}")
     return backend
@@ -81,4 +81,3 @@ def apply_linear_backend(model: Any, backend: str) -> str:
     packed = check_linear_backend(backend) == "onednn" and on_cpu and use_onednn_linears(model.model) > 0
     model.linear_backend = "onednn" if packed else "torch"
     return model.linear_backend
-
