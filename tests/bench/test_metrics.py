@@ -7,6 +7,8 @@ import pytest
 from verispec.bench.metrics import (
     alpha_estimate,
     bootstrap_speedup,
+    decode_rounds,
+    decode_split,
     measured_costs,
     one_token_target_seconds,
     summarize,
@@ -14,9 +16,9 @@ from verispec.bench.metrics import (
 )
 
 
-def rnd(drafted, accepted, emitted, fed, time_draft=0.0, time_decode=0.0):
+def rnd(drafted, accepted, emitted, fed, time_draft=0.0, time_decode=0.0, time_verify=0.0):
     return dict(drafted=drafted, accepted=accepted, emitted=emitted, fed=fed, time_draft=time_draft,
-                time_decode=time_decode, time_verify=0.0)
+                time_decode=time_decode, time_verify=time_verify)
 
 
 def record(method, index, seconds, rounds, draft_calls=0, tokens=None):
@@ -111,3 +113,33 @@ def test_speedup_uses_only_prompts_both_methods_decoded():
     records = _pair(0, 1.0, 0.5) + _pair(1, 1.0, 0.25)[:1]  # sd missing on prompt 1
     sd = summarize(records, ["ar", "sd"])[1]
     assert sd["speedup"] == pytest.approx(2.0)
+
+
+def test_decode_split_separates_the_prompt_round_from_the_decode_rounds():
+    # ar: the prompt round takes 0.5 + 0.02 s of 0.6 s; the 2 later tokens take the other 0.08 s.
+    ar = record("ar", 0, 0.6, [rnd(0, 0, 1, 10, 0, 0.5, 0.02), rnd(0, 0, 1, 1, 0, 0.03), rnd(0, 0, 1, 1, 0, 0.03)])
+    # sd: the prompt round (draft prefill + drafting 0.2 s, target 0.5 s) emits 5 of 12 tokens; 0.1 s for the rest.
+    sd = record("sd", 0, 0.8, [rnd(4, 4, 5, 14, 0.2, 0.5), rnd(4, 2, 3, 5, 0.03, 0.02), rnd(4, 0, 1, 5, 0.02, 0.02),
+                               rnd(2, 2, 3, 3, 0.01, 0.01)])
+    assert decode_rounds(ar["trace"]) == (pytest.approx(0.08), 2)
+    assert decode_rounds(sd["trace"]) == (pytest.approx(0.1), 7)
+    rows = {r["method"]: r for r in decode_split([ar, sd], ["ar", "sd"])}
+    assert rows["ar"]["prompt_round_share"] == pytest.approx(0.52 / 0.6)
+    assert rows["sd"]["prompt_round_share"] == pytest.approx(0.7 / 0.8)
+    assert rows["sd"]["decode_seconds_per_token"] == pytest.approx(0.1 / 7)
+    assert rows["sd"]["decode_speedup"] == pytest.approx((0.08 / 2) / (0.1 / 7))  # 2.8x, against 3.0x whole
+    assert rows["ar"]["decode_speedup"] == 1.0 and rows["sd"]["decode_speedup_ci95"] is None  # one prompt
+    whole = {r["method"]: r for r in summarize([ar, sd], ["ar", "sd"], gamma=4)}
+    assert whole["sd"]["speedup"] == pytest.approx((0.6 / 3) / (0.8 / 12))
+    assert whole["sd"]["decode_speedup"] == rows["sd"]["decode_speedup"]  # summarize carries the split
+
+
+def test_decode_speedup_interval_resamples_prompts():
+    # The prompt rounds differ wildly, the decode rounds run exactly 2x faster on every prompt: a point interval.
+    records = []
+    for i in range(5):
+        rounds = [rnd(0, 0, 1, 1, 0, 0.1)] * 10
+        records.append(record("ar", i, 2.0 + i + 0.9, [rnd(0, 0, 1, 50, 0, 2.0 + i)] + rounds))
+        records.append(record("sd", i, 0.3 + 0.45, [rnd(0, 0, 1, 50, 0, 0.3)] + rounds))
+    sd = decode_split(records, ["ar", "sd"])[1]
+    assert sd["decode_speedup"] == pytest.approx(2.0) and sd["decode_speedup_ci95"] == pytest.approx((2.0, 2.0))

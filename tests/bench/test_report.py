@@ -53,6 +53,18 @@ def test_report_writes_markdown_table_and_png(results_file):
     assert "![speedup](results_speedup.png)" in md_path.read_text()
 
 
+def test_report_splits_the_prompt_round_from_the_decode_rounds(results_file):
+    _, results = results_file
+    markdown, _, _ = write_report(results_file[0])
+    section = markdown[markdown.index("## Prompt round and decode rounds"):]
+    assert "| decode-round speedup vs ar | 95% CI | whole-decode speedup vs ar | theoretical speedup |" in section
+    sd = results["aggregate"][1]
+    sd_row = next(line for line in section.splitlines() if line.startswith("| sd |"))
+    # The section recomputes the split from the records; it must agree with the aggregate stored at run time.
+    assert f"| {sd['prompt_round_share']:.0%} |" in sd_row and f"| {sd['decode_speedup']:.2f}x |" in sd_row
+    assert f"| {sd['theoretical_speedup']:.2f}x |" in sd_row
+
+
 def test_report_shows_the_speedup_over_the_compare_to_method(results_file, tmp_path):
     _, results = results_file
     config = BenchConfig(methods=["ar", "sd"], gamma=4, compare_to="sd")

@@ -25,7 +25,13 @@ Per method (notation of ALGORITHMS.md §3.4; p = target, q = draft):
   - c = (seconds drafting per drafted token, rounds after the first) / t₁: draft forward + its sampling;
   - f = (mean seconds of this method's target forwards that fed exactly γ+1 tokens, the first round excluded) / t₁:
     the measured cost of verifying a block relative to one autoregressive step (Leviathan assume f = 1).
-  It ignores verification and bookkeeping time, which the measured speedup includes.
+  It ignores verification and bookkeeping time, which the measured speedup includes. It also prices decode rounds
+  only, not the prompt's processing: compare it with the decode-round speedup below;
+* the prompt round and the decode rounds (`decode_split`): a decode's first round processes the prompt (the target's
+  prefill, the draft's own prefill for speculative methods) and commits its first tokens; long prompts with short
+  outputs make it a large share of the wall time. Per method: that round's share of the wall time, seconds per
+  token over the later rounds (time_total − the first round's draft, target and verify seconds, over the tokens
+  the later rounds emitted), and the speedup of those decode rounds over the baseline's, with its 95% interval.
 
 Also per method, when the records carry them: FLOPs per generated token (`bench.flops`, convention stated there),
 the quality aggregates of `bench.quality.summarize_quality` (NLL / perplexity under the target, ROUGE-L, each with a
@@ -35,7 +41,7 @@ the quality aggregates of `bench.quality.summarize_quality` (NLL / perplexity un
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from statistics import fmean
 from typing import Any
 
@@ -106,18 +112,70 @@ def bootstrap_speedup(
 
 SD_FORMULA_METHODS = ("sd", "hf-assisted")
 
+TracePart = Callable[[dict[str, Any]], tuple[float, int]]  # a trace -> (seconds, tokens) of some of its rounds
+
+
+def whole_decode(trace: dict[str, Any]) -> tuple[float, int]:
+    """Return (wall seconds, generated tokens) of a whole decode."""
+    return trace["time_total"], trace["generated"]
+
+
+def prompt_round_seconds(trace: dict[str, Any]) -> float:
+    """Return the seconds of a decode's first round: the prompt's forwards and the first commit (0 without rounds)."""
+    if not trace["rounds"]:
+        return 0.0
+    first = trace["rounds"][0]
+    return first["time_draft"] + first["time_decode"] + first["time_verify"]
+
+
+def decode_rounds(trace: dict[str, Any]) -> tuple[float, int]:
+    """Return (seconds, tokens) of the rounds after the first: the decode without the prompt's processing."""
+    emitted = trace["rounds"][0]["emitted"] if trace["rounds"] else 0
+    return trace["time_total"] - prompt_round_seconds(trace), trace["generated"] - emitted
+
 
 def paired_speedup(
-    base: dict[int, dict[str, Any]], mine: dict[int, dict[str, Any]], resamples: int, seed: int
+    base: dict[int, dict[str, Any]], mine: dict[int, dict[str, Any]], resamples: int, seed: int,
+    part: TracePart = whole_decode,
 ) -> tuple[float | None, tuple[float, float] | None]:
-    """Return (speedup of `mine` over `base`, its 95% bootstrap interval) over the prompts both decoded."""
+    """Return (speedup of `mine` over `base`, its 95% bootstrap interval) over the prompts both decoded, timing
+    `part` of each decode (default: all of it)."""
     shared = sorted(set(base) & set(mine))
-    pairs = [((base[i]["trace"]["time_total"], base[i]["trace"]["generated"]),
-              (mine[i]["trace"]["time_total"], mine[i]["trace"]["generated"])) for i in shared]
+    pairs = [(part(base[i]["trace"]), part(mine[i]["trace"])) for i in shared]
     b_sec, b_tok = sum(p[0][0] for p in pairs), sum(p[0][1] for p in pairs)
     m_sec, m_tok = sum(p[1][0] for p in pairs), sum(p[1][1] for p in pairs)
     speedup = (b_sec / b_tok) / (m_sec / m_tok) if b_tok and m_tok and b_sec and m_sec else None
     return speedup, bootstrap_speedup([p[0] for p in pairs], [p[1] for p in pairs], resamples, seed)
+
+
+def _by_method(records: Sequence[dict[str, Any]], methods: Sequence[str]) -> dict[str, dict[int, dict[str, Any]]]:
+    return {m: {rec["prompt_index"]: rec for rec in records if rec["method"] == m} for m in methods}
+
+
+def decode_split(
+    records: Sequence[dict[str, Any]], methods: Sequence[str], baseline: str | None = None, resamples: int = 2000,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Return one row per method splitting its wall time into the prompt round and the decode rounds (module
+    docstring): method, prompt_round_share, decode_seconds_per_token, decode_speedup and decode_speedup_ci95 (vs
+    `baseline`, default the first method, over the prompts both decoded)."""
+    baseline = baseline or methods[0]
+    by_method = _by_method(records, methods)
+    rows = []
+    for method in methods:
+        traces = [rec["trace"] for rec in by_method[method].values()]
+        seconds = sum(t["time_total"] for t in traces)
+        decode = [decode_rounds(t) for t in traces]
+        decode_seconds, decode_tokens = sum(s for s, _ in decode), sum(n for _, n in decode)
+        speedup, ci = paired_speedup(by_method.get(baseline, {}), by_method[method], resamples, seed, decode_rounds)
+        rows.append({
+            "method": method,
+            "prompt_round_share": sum(map(prompt_round_seconds, traces)) / seconds if seconds else None,
+            "decode_seconds_per_token": decode_seconds / decode_tokens if decode_tokens else None,
+            "decode_speedup": speedup,
+            "decode_speedup_ci95": ci,
+        })
+    return rows
 
 
 def summarize(
@@ -133,11 +191,12 @@ def summarize(
     the first method), over the prompts both decoded; with `compare_to`, also `speedup_vs_<compare_to>`.
     `gamma`: one draft length for all methods, or one per method label."""
     baseline = baseline or methods[0]
-    by_method = {m: {rec["prompt_index"]: rec for rec in records if rec["method"] == m} for m in methods}
+    by_method = _by_method(records, methods)
     base = by_method.get(baseline, {})
     t1 = one_token_target_seconds(list(base.values()))
+    split = decode_split(records, methods, baseline, resamples, seed)
     rows = []
-    for method in methods:
+    for method, split_row in zip(methods, split, strict=True):
         mine = list(by_method[method].values())
         traces = [rec["trace"] for rec in mine]
         tokens = sum(t["generated"] for t in traces)
@@ -162,6 +221,7 @@ def summarize(
         }
         shared = sorted(set(base) & set(by_method[method]))
         row["speedup"], row["speedup_ci95"] = paired_speedup(base, by_method[method], resamples, seed)
+        row.update({k: v for k, v in split_row.items() if k != "method"})
         if compare_to is not None:
             versus = paired_speedup(by_method[compare_to], by_method[method], resamples, seed)
             row[f"speedup_vs_{compare_to}"], row[f"speedup_vs_{compare_to}_ci95"] = versus

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from verispec.bench.metrics import decode_split
 from verispec.bench.sprinter_online import sprinter_online
 from verispec.errors import ConfigError
 
@@ -158,6 +159,40 @@ def render_sprinter_online(rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
                       SPRINTER_NOTE])
 
 
+def _split_columns(baseline: str) -> list[Column]:
+    return [
+        ("method", lambda r: str(r["method"])),
+        ("prompt round share of time", lambda r: _fmt(r["prompt_round_share"], ".0%")),
+        ("decode-round ms/token", lambda r: _fmt(r["decode_seconds_per_token"] and
+                                                 1000 * r["decode_seconds_per_token"], ".1f")),
+        (f"decode-round speedup vs {baseline}", lambda r: _fmt(r["decode_speedup"], ".2f", "x")),
+        ("95% CI", lambda r: _ci(r, "decode_speedup")),
+        (f"whole-decode speedup vs {baseline}", lambda r: _fmt(r.get("speedup"), ".2f", "x")),
+        ("theoretical speedup", lambda r: _fmt(r.get("theoretical_speedup"), ".2f", "x")),
+    ]
+
+
+def render_decode_split(results: dict[str, Any], baseline: str) -> str:
+    """Return the markdown section splitting each method's time into the prompt round and the decode rounds
+    (`metrics.decode_split`, computed from the records), with the SD formula's speedup beside the decode rounds'."""
+    cfg, records = results["config"], results["records"]
+    split = decode_split(records, cfg["methods"], baseline, cfg.get("bootstrap_resamples", 2000),
+                         cfg.get("bootstrap_seed", 0))
+    aggregate = {r["method"]: r for r in results["aggregate"]}
+    rows = [{**aggregate.get(r["method"], {}), **r} for r in split]
+    lengths = [rec["trace"].get("prefill_tokens", 0) for rec in records if rec["method"] == baseline]
+    return "\n".join([
+        "## Prompt round and decode rounds", "",
+        format_table(rows, _split_columns(baseline)), "",
+        "A decode's first round processes the prompt (the target's prefill and, for speculative methods, the "
+        "draft's own) and commits the first tokens; the decode rounds are all the later ones. Prompts here average "
+        f"{sum(lengths) / max(len(lengths), 1):.0f} tokens (longest {max(lengths, default=0)}). The theoretical SD "
+        "speedup prices decode rounds only, so it is to be read against the decode-round speedup; the "
+        "whole-decode speedup is the main table's. Bookkeeping outside the rounds (and the peers' logits "
+        "processing) counts as decode-round time.",
+    ])
+
+
 def _has_quality_or_cost(rows: Sequence[dict[str, Any]]) -> bool:
     keys = ("flops_per_token", "nll_per_token", "rouge_l_vs_ar", "rouge_l_vs_reference", "eta_fp", "eta_tp")
     return any(r.get(k) is not None for r in rows for k in keys)
@@ -204,6 +239,8 @@ def render_markdown(results: dict[str, Any], profile: Any = None, peer_profile: 
         "drafted token and f: target cost of a γ+1-token block, both relative to a measured 1-token target forward; "
         "theoretical speedup (1 − α^{γ+1}) / ((1 − α)(γc + f)) (ALGORITHMS.md §3.4).",
     ]
+    if baseline in cfg["methods"] and any(r["trace"]["rounds"] for r in results["records"]):
+        lines += ["", render_decode_split(results, baseline)]
     if _has_quality_or_cost(results["aggregate"]):
         lines += ["", "## Quality and cost", "", format_table(results["aggregate"], QUALITY_COLUMNS), "", QUALITY_NOTE]
     online = [(m, figures) for m in cfg["methods"]
