@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 import pytest
 
-from verispec.bench.metrics import alpha_estimate, summarize, theoretical_speedup
+from verispec.bench.metrics import alpha_estimate, one_token_target_seconds, summarize, theoretical_speedup
 from verispec.bench.report import write_report
 from verispec.bench.runner import BenchConfig
 from verispec.cli import main
@@ -214,6 +214,9 @@ def test_report_adds_a_labelled_modelled_section_only_with_a_profile(tmp_path, b
     assert main(["report", str(path), "--profile", str(here.save(tmp_path / "cpu.json"))]) == 0
     out = capsys.readouterr().out
     assert "## Modelled (measured profile) vs measured" in out and "| modelled / measured |" in out
+    t1_run = one_token_target_seconds([r for r in bench_records if r["method"] == "ar"])
+    assert (f"1-token target forwards (`ar`'s decode rounds) took {1e3 * t1_run:.{1 if t1_run >= 0.01 else 3}f} ms "
+            f"on average, the profile's 1000.0 ms ({t1_run:.2f}x)") in out  # hand_profile: t(1) = 1 s
     assert "Warning" not in out
     here.models["target"].dtype = "bfloat16"
     assert "Warning: the profile was measured with bfloat16" in write_report(path, profile_path=here.save(

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from verispec.bench.metrics import decode_split
+from verispec.bench.metrics import decode_split, one_token_target_seconds, theoretical_speedup
 from verispec.bench.sprinter_online import sprinter_online
 from verispec.errors import ConfigError
 
@@ -347,7 +347,6 @@ def _ms_pair(row: dict[str, Any], part: str) -> str:
 def render_modelled(results: dict[str, Any], profile: Any, baseline: str, peer_profile: Any = None) -> str:
     """Return the markdown section of modelled times: this run's decode counts priced with `profile`, the
     transformers peers' with `peer_profile` when given (they run their own linear path)."""
-    from verispec.bench.metrics import theoretical_speedup
     from verispec.bench.peers import PEERS
     from verispec.bench.variants import parse_method
     from verispec.costmodel import KIND_MODELLED, cost_ratios, modelled_speedup
@@ -389,6 +388,13 @@ def render_modelled(results: dict[str, Any], profile: Any, baseline: str, peer_p
              "forwards with their token counts, draft forwards, rounds) are priced with the profile's forward costs "
              "t(k), context slope and per-round overheads (verispec/costmodel.py)"
              + (f"; c = {c:.3f}, f(γ+1) = {f:.2f}." if c is not None else ".")]
+    t1_run = one_token_target_seconds([r for r in results["records"] if r["method"] == baseline])
+    if here and t1_run is not None:
+        t1_profile = target.forward_seconds(1, target.context)
+        lines.append(f"Machine speed: this run's own 1-token target forwards (`{baseline}`'s decode rounds) took "
+                     f"{_ms(t1_run)} ms on average, the profile's {_ms(t1_profile)} ms ({t1_run / t1_profile:.2f}x). "
+                     "A machine that runs slower or faster than when it was profiled moves every modelled / "
+                     "measured ratio below by about that factor.")
     if here and (target.dtype, target.device, target.linear_backend) != run:
         lines.append(f"Warning: the profile was measured with {target.dtype} on {target.device} (linear backend "
                      f"{target.linear_backend}), the run used {run[0]} on {run[1]} (linear backend {run[2]}).")
