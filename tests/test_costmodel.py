@@ -55,6 +55,17 @@ def test_forward_seconds_interpolates_the_curve_the_context_and_the_prefill_poin
         ModelCost("x", [2, 4], [1.0, 1.0], context=1)
 
 
+def test_long_prompts_cost_more_per_token_through_the_second_prefill_point():
+    t = hand_profile().models["target"]  # prompt forwards: 20 tokens in 10 s (0.5 s a token)
+    t.long_prefill_tokens, t.long_prefill_seconds = 40, 24.0  # 0.6 s a token: u grows 0.005 s per prompt token
+    assert t.forward_seconds(20, 0) == pytest.approx(10.0) and t.forward_seconds(14, 0) == pytest.approx(6.95)
+    assert t.forward_seconds(30, 0) == pytest.approx(30 * 0.55)
+    assert t.forward_seconds(60, 0) == pytest.approx(60 * 0.7)  # extrapolated: 0.5 + 0.005 * 40
+    assert t.forward_seconds(60, 10) == pytest.approx(60 * 0.7 + 0.01 * 10)
+    t.long_prefill_seconds = 16.0  # cheaper per token at 40: interpolated up to 40, held beyond
+    assert t.forward_seconds(30, 0) == pytest.approx(30 * 0.45) and t.forward_seconds(80, 0) == pytest.approx(32.0)
+
+
 def test_predict_an_autoregressive_trace_by_hand():
     rounds = [RoundTrace(0, 0, 1, fed=3), RoundTrace(0, 0, 1, fed=1), RoundTrace(0, 0, 1, fed=1)]
     trace = Trace(rounds, target_calls=3, target_tokens=5, prefill_tokens=3)

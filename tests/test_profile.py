@@ -74,12 +74,16 @@ def test_measure_model_cost_times_each_forward_at_the_stated_context(monkeypatch
     assert cost.seconds == pytest.approx([1 + 0.6 * k + 0.06 for k in (1, 2, 4)])
     assert (cost.prefill_tokens, cost.prefill_seconds) == (6, pytest.approx(1 + 3 + 0.1))  # warm-up dropped
     assert cost.context_slope == pytest.approx(0.01)  # (t1 at 10 − t1 at 6) / 4
+    assert (cost.long_prefill_tokens, cost.long_prefill_seconds) == (24, pytest.approx(1 + 12 + 0.1))  # 4 x context
     timed = [c for c in model.calls if c[1] == 6 and c[0] == c[2]]  # k tokens after 6, k logits rows
     assert len(timed) == 2 * 3 and model.cache_length == 0  # 2 reps (one warm-up) of 3 ks; left empty
     last = measure_model_cost(FakeLM(clock), ks=[1, 3], context=4, reps=1, all_logits=False, slope_context=0)
     assert last.seconds == pytest.approx([1 + 0.5 + 0.04 + 0.1, 1 + 1.5 + 0.04 + 0.1]) and last.context_slope == 0
     with pytest.raises(ConfigError, match="must exceed context"):
         measure_model_cost(FakeLM(clock), ks=[1], context=4, reps=1, slope_context=3)
+    with pytest.raises(ConfigError, match="long_prefill .3. must exceed context"):
+        measure_model_cost(FakeLM(clock), ks=[1], context=4, reps=1, long_prefill=3)
+    assert measure_model_cost(FakeLM(clock), ks=[1], context=4, reps=1, long_prefill=0).long_prefill_tokens == 0
 
 
 def test_measure_profile_on_a_tiny_model_has_the_right_shape_and_round_trips(tiny_pair, tmp_path):

@@ -7,7 +7,10 @@ on its own, so one model covers every method (multi-path trees, SPRINTER's varia
          + Σ_rounds [verify_round + verify_row · (nodes + 1) + other_round] + sample_row · (drafted rows)
 
 t(k, L) is a measured curve t(k) at the profile's context L0, plus `context_slope` · (L − L0) for attention over
-a longer cache; beyond the curve's largest k it interpolates towards a measured prompt forward (`prefill`).
+a longer cache; beyond the curve's largest k it interpolates towards a measured prompt forward (`prefill`). Longer
+prompt forwards cost k · u(k), with the cost per prompt token u linear in k through that point and a second, longer
+one (`long_prefill`): attention over the prompt makes each token dearer as the prompt grows. Without the second
+point u stays constant.
 f(k) = t(k) / t(1) is the curve's shape: on a CPU it grows with k; on a memory-bound accelerator f(k) = 1 for small
 k, since a forward's time is dominated by reading the weights once (`accelerator_profile`).
 
@@ -47,6 +50,8 @@ class ModelCost:
     context_slope: float = 0.0  # extra seconds per forward per cached token beyond `context` (attention, KV reads)
     prefill_tokens: int = 0  # a prompt forward of this many tokens on an empty cache was measured (0 = none)
     prefill_seconds: float = 0.0  # its median seconds
+    long_prefill_tokens: int = 0  # a longer prompt forward on an empty cache was measured (0 = none)
+    long_prefill_seconds: float = 0.0  # its median seconds
     params: int = 0  # parameter count
     streamed_params: int = 0  # parameters one forward reads: all but an untied input-embedding table (one row)
     dtype: str = "float32"  # weights' dtype when measured
@@ -78,8 +83,19 @@ class ModelCost:
             end = self.prefill_seconds + self.context_slope * context
             if k <= self.prefill_tokens:
                 return t_max + shift + (end - t_max - shift) * (k - k_max) / (self.prefill_tokens - k_max)
+            if self.long_prefill_tokens > self.prefill_tokens:
+                return k * self._prompt_token_seconds(k) + self.context_slope * context
             return end * k / self.prefill_tokens  # longer prompts: compute-bound, proportional to k
         return (t_max + shift) * k / k_max
+
+    def _prompt_token_seconds(self, k: float) -> float:
+        """Return u(k), the cost per token of a k-token prompt forward: linear through the two prompt points."""
+        (n1, s1), (n2, s2) = (self.prefill_tokens, self.prefill_seconds), (self.long_prefill_tokens,
+                                                                         self.long_prefill_seconds)
+        u1, u2 = s1 / n1, s2 / n2
+        if k > n2 and u2 < u1:
+            return u2  # a cheaper token at the longer point is GEMM efficiency, not a trend to extrapolate
+        return u1 + (u2 - u1) * (k - n1) / (n2 - n1)
 
     def f(self, k: float) -> float:
         """Return f(k) = t(k) / t(1) at the profile's context: the cost of a k-token forward in 1-token forwards."""

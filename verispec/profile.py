@@ -7,7 +7,8 @@ weights' values, only on their shapes and dtype.
 
 One repetition: reset, a prompt forward of `context` tokens (timed: the prefill point), then for each k a forward
 over k new tokens timed and rolled back to `context`, then one 1-token forward after `slope_context` cached tokens
-(the context slope). Repetition 0 warms up (allocations, kernel choice, weight packing) and is dropped; the curve
+(the context slope), then a prompt forward of `long_prefill` tokens on an empty cache (the second prefill point).
+Repetition 0 warms up (allocations, kernel choice, weight packing) and is dropped; the curve
 holds medians over the others.
 """
 
@@ -70,6 +71,7 @@ class ProfileConfig:
     ks: list[int] = field(default_factory=lambda: list(DEFAULT_KS))  # new tokens per timed forward
     context: int = 128  # cached tokens before each timed forward (and the prefill point's length)
     slope_context: int | None = None  # a 1-token forward after this many cached tokens gives the slope; None = 2x
+    long_prefill: int | None = None  # a second, longer prompt forward (long-prompt prefill); None = 4x; 0 = none
     reps: int = 5  # timed repetitions (medians), after one warm-up
     temperature: float = SamplingConfig.temperature  # sampling settings the overheads are measured at
     top_k: int = SamplingConfig.top_k
@@ -140,11 +142,13 @@ def measure_model_cost(
     slope_context: int | None = None,
     seed: int = 0,
     sync: Callable[[], None] = lambda: None,
+    long_prefill: int | None = None,
 ) -> ModelCost:
-    """Return the model's measured t(k) at `context`, prefill point and context slope (module docstring).
+    """Return the model's measured t(k) at `context`, prefill points and context slope (module docstring).
 
     `all_logits`: forwards over k tokens return k logits rows (a target pass) rather than one (a draft step).
-    `slope_context`: None = 2·context; 0 = do not measure the slope. `sync` waits for the device (CUDA).
+    `slope_context`: None = 2·context; 0 = do not measure the slope. `long_prefill`: the second prompt forward's
+    length; None = 4·context; 0 = do not measure it. `sync` waits for the device (CUDA).
     """
     ks = sorted(set(int(k) for k in ks))
     if not ks or ks[0] != 1 or context < 1 or reps < 1:
@@ -152,6 +156,9 @@ def measure_model_cost(
     far = 2 * context if slope_context is None else slope_context
     if far and far <= context:
         raise ConfigError(f"slope_context ({far}) must exceed context ({context}), or be 0 to skip the slope")
+    long = 4 * context if long_prefill is None else long_prefill
+    if long and long <= context:
+        raise ConfigError(f"long_prefill ({long}) must exceed context ({context}), or be 0 to skip it")
     gen = torch.Generator().manual_seed(seed)
 
     def ids(n: int) -> list[int]:
@@ -165,7 +172,7 @@ def measure_model_cost(
         return perf_counter() - start
 
     times: dict[int, list[float]] = {k: [] for k in ks}
-    prefill, at_far = [], []
+    prefill, at_far, at_long = [], [], []
     for rep in range(reps + 1):
         model.reset()
         seconds = timed(ids(context), 1)
@@ -176,18 +183,22 @@ def measure_model_cost(
         if far:
             model.forward(ids(far - context), n_logits=1)
             at_far.append(timed(ids(1), 1))
+        if long:
+            model.reset()
+            at_long.append(timed(ids(long), 1))
         if rep > 0:  # repetition 0 is the warm-up
             prefill.append(seconds)
             for k in ks:
                 times[k].append(rep_times[k])
     model.reset()
-    at_far = at_far[1:]
+    at_far, at_long = at_far[1:], at_long[1:]
     t1 = statistics.median(times[1])
     # Longer contexts cannot be cheaper: a negative difference is timing noise.
     slope = max((statistics.median(at_far) - t1) / (far - context), 0.0) if far else 0.0
     return ModelCost(
         name=model.name, ks=ks, seconds=[statistics.median(times[k]) for k in ks], context=context, context_slope=slope,
-        prefill_tokens=context, prefill_seconds=statistics.median(prefill), logits="all" if all_logits else "last",
+        prefill_tokens=context, prefill_seconds=statistics.median(prefill), long_prefill_tokens=long,
+        long_prefill_seconds=statistics.median(at_long) if long else 0.0, logits="all" if all_logits else "last",
     )
 
 
@@ -241,6 +252,7 @@ def measure_profile(
     sampling: SamplingConfig | None = None,
     overheads: bool = True,
     seed: int = 0,
+    long_prefill: int | None = None,
 ) -> HardwareProfile:
     """Return a measured profile holding the `role` model (and, with `overheads`, the engine's overheads).
 
@@ -264,7 +276,7 @@ def measure_profile(
         if hasattr(model, "model"):
             params, streamed = count_params(model.model)
     sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
-    cost = measure_model_cost(model, ks, context, reps, role == "target", slope_context, seed, sync)
+    cost = measure_model_cost(model, ks, context, reps, role == "target", slope_context, seed, sync, long_prefill)
     cost.params, cost.streamed_params = params, streamed
     cost.dtype, cost.device, cost.linear_backend = str(dtype).removeprefix("torch."), str(device), linear_backend
     machine = machine_description(str(device))
@@ -309,6 +321,7 @@ def run_profile(config: ProfileConfig) -> HardwareProfile:
         profiles.append(measure_profile(
             spec, role, config.dtype, config.device, config.linear_backend, config.ks, config.context, config.reps,
             config.random_weights, config.slope_context, sampling, overheads=i == 0, seed=config.seed,
+            long_prefill=config.long_prefill,
         ))
     return merge_profiles(*profiles)
 
@@ -322,7 +335,9 @@ def format_profile(profile: HardwareProfile) -> str:
         cells = [(m.forward_seconds(k, m.context) * 1e3, m.f(k)) for m in profile.models.values()]
         lines.append(f"{k:<2}" + "".join(f"{ms:>14.2f}{f:>7.2f}" for ms, f in cells))
     for role, m in profile.models.items():
-        lines.append(f"{role}: {m.name}; prefill {m.prefill_tokens} tokens {m.prefill_seconds * 1e3:.1f} ms; "
+        long = (f", {m.long_prefill_tokens} tokens {m.long_prefill_seconds * 1e3:.1f} ms" if m.long_prefill_tokens
+                else "")
+        lines.append(f"{role}: {m.name}; prefill {m.prefill_tokens} tokens {m.prefill_seconds * 1e3:.1f} ms{long}; "
                      f"context slope {m.context_slope * 1e6:.2f} us/token; {m.streamed_params / 1e6:.1f}M params read")
     o = profile.overheads
     lines.append(f"overheads: sample {o.sample_row * 1e3:.3f} ms/row, verify {o.verify_round * 1e3:.3f} ms/round + "
@@ -362,6 +377,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context", type=int, default=d.context, help="cached tokens (default: %(default)s)")
     p.add_argument("--slope-context", type=int, default=d.slope_context,
                    help="longer context for the slope; 0 = skip (default: 2 x context)")
+    p.add_argument("--long-prefill", type=int, default=d.long_prefill,
+                   help="a second, longer prompt forward for long-prompt prefill; 0 = skip (default: 4 x context)")
     p.add_argument("--reps", type=int, default=d.reps, help="timed repetitions (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=d.temperature, help="overheads' sampling (default: greedy)")
     p.add_argument("--top-k", type=int, default=d.top_k, help="(default: %(default)s)")
