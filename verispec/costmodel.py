@@ -90,9 +90,8 @@ class ModelCost:
 
     def _prompt_token_seconds(self, k: float) -> float:
         """Return u(k), the cost per token of a k-token prompt forward: linear through the two prompt points."""
-        (n1, s1), (n2, s2) = (self.prefill_tokens, self.prefill_seconds), (self.long_prefill_tokens,
-                                                                         self.long_prefill_seconds)
-        u1, u2 = s1 / n1, s2 / n2
+        n1, n2 = self.prefill_tokens, self.long_prefill_tokens
+        u1, u2 = self.prefill_seconds / n1, self.long_prefill_seconds / n2
         if k > n2 and u2 < u1:
             return u2  # a cheaper token at the longer point is GEMM efficiency, not a trend to extrapolate
         return u1 + (u2 - u1) * (k - n1) / (n2 - n1)

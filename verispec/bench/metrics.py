@@ -170,7 +170,7 @@ def decode_split(
         speedup, ci = paired_speedup(by_method.get(baseline, {}), by_method[method], resamples, seed, decode_rounds)
         rows.append({
             "method": method,
-            "prompt_round_share": sum(map(prompt_round_seconds, traces)) / seconds if seconds else None,
+            "prompt_round_share": (seconds - decode_seconds) / seconds if seconds else None,
             "decode_seconds_per_token": decode_seconds / decode_tokens if decode_tokens else None,
             "decode_speedup": speedup,
             "decode_speedup_ci95": ci,

@@ -388,8 +388,8 @@ def render_modelled(results: dict[str, Any], profile: Any, baseline: str, peer_p
              "forwards with their token counts, draft forwards, rounds) are priced with the profile's forward costs "
              "t(k), context slope and per-round overheads (verispec/costmodel.py)"
              + (f"; c = {c:.3f}, f(γ+1) = {f:.2f}." if c is not None else ".")]
-    t1_run = one_token_target_seconds([r for r in results["records"] if r["method"] == baseline])
-    if here and t1_run is not None:
+    t1_run = one_token_target_seconds([r for r in results["records"] if r["method"] == baseline]) if here else None
+    if t1_run is not None:
         t1_profile = target.forward_seconds(1, target.context)
         lines.append(f"Machine speed: this run's own 1-token target forwards (`{baseline}`'s decode rounds) took "
                      f"{_ms(t1_run)} ms on average, the profile's {_ms(t1_profile)} ms ({t1_run / t1_profile:.2f}x). "
