@@ -6,9 +6,11 @@ import pytest
 
 from verispec.bench.metrics import (
     alpha_estimate,
+    bootstrap_ratio,
     bootstrap_speedup,
     decode_rounds,
     decode_split,
+    efficiency,
     measured_costs,
     one_token_target_seconds,
     summarize,
@@ -143,3 +145,44 @@ def test_decode_speedup_interval_resamples_prompts():
         records.append(record("sd", i, 0.3 + 0.45, [rnd(0, 0, 1, 50, 0, 0.3)] + rounds))
     sd = decode_split(records, ["ar", "sd"])[1]
     assert sd["decode_speedup"] == pytest.approx(2.0) and sd["decode_speedup_ci95"] == pytest.approx((2.0, 2.0))
+
+
+def _timed(method, index, seconds, calls, tokens_per_call, parts=(0.0, 0.0, 0.0)):
+    rounds = [rnd(tokens_per_call - 1, tokens_per_call - 1, tokens_per_call, tokens_per_call)] * calls
+    rec = record(method, index, seconds, rounds)
+    rec["trace"].update(time_draft=parts[0], time_target=parts[1], time_verify=parts[2])
+    return rec
+
+
+def test_efficiency_gives_block_efficiency_and_time_per_token_with_intervals():
+    # bv: 4 tokens per call on every prompt; gbv: 5 on prompts 0-2 and 6 on prompt 3, so its paired ratio of block
+    # efficiencies varies by prompt and the interval brackets the pooled ratio.
+    records = []
+    for i in range(4):
+        records.append(_timed("bv", i, 1.0 + i, calls=3, tokens_per_call=4, parts=(0.5, 0.3, 0.1)))
+        records.append(_timed("gbv", i, 2.0, calls=2, tokens_per_call=5 if i < 3 else 6, parts=(0.6, 0.4, 0.8)))
+    rows = {r["method"]: r for r in efficiency(records, ["bv", "gbv"], compare_to="bv", resamples=4000, seed=1)}
+    bv, gbv = rows["bv"], rows["gbv"]
+    assert bv["prompts"] == 4 and bv["tokens_per_target_call"] == pytest.approx(4.0)
+    assert bv["tokens_per_target_call_ci95"] == pytest.approx((4.0, 4.0))  # constant per prompt: a point interval
+    assert bv["seconds_per_token"] == pytest.approx(10.0 / 48)
+    lo, hi = bv["seconds_per_token_ci95"]
+    assert 1.0 / 12 < lo < 10.0 / 48 < hi < 4.0 / 12  # per-prompt 1/12 ... 4/12 s per token
+    assert gbv["tokens_per_target_call"] == pytest.approx(42 / 8)
+    assert gbv["block_efficiency_vs"] == pytest.approx((42 / 8) / 4.0)
+    lo, hi = gbv["block_efficiency_vs_ci95"]
+    assert 5 / 4 <= lo < (42 / 8) / 4 < hi <= 6 / 4
+    assert gbv["speedup_vs"] == pytest.approx((10.0 / 48) / (8.0 / 42))
+    assert bv["block_efficiency_vs"] == 1.0 and bv["block_efficiency_vs_ci95"] == pytest.approx((1.0, 1.0))
+    # Where the time goes, per token; `other` is what the three parts leave of the wall time.
+    assert gbv["verify_seconds_per_token"] == pytest.approx(3.2 / 42)
+    assert gbv["other_seconds_per_token"] == pytest.approx((8.0 - 4 * 1.8) / 42)
+    assert gbv["tokens_per_target_pass"] == pytest.approx((3 * 5 + 6) / 4)  # the one decode round a prompt
+    assert "block_efficiency_vs" not in efficiency(records, ["bv"])[0]
+
+
+def test_bootstrap_ratio_is_seeded_and_needs_two_prompts():
+    pairs = [(1.0, 10), (3.0, 10), (2.0, 10)]
+    lo, hi = bootstrap_ratio(pairs, 2000, 0)
+    assert 0.1 <= lo < 0.2 < hi <= 0.3 and bootstrap_ratio(pairs, 2000, 0) == (lo, hi)
+    assert bootstrap_ratio(pairs[:1], 2000, 0) is None

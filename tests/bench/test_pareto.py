@@ -33,7 +33,8 @@ def _record(method, index, seconds, drafted, accepted, nll, rouge, reference=Non
     rounds = [dict(drafted=drafted, accepted=accepted, emitted=accepted + 1, fed=drafted + 1, time_draft=0.001,
                    time_decode=0.01, time_verify=0.0) for _ in range(4)]
     generated = sum(r["emitted"] for r in rounds)
-    trace = dict(rounds=rounds, generated=generated, time_total=seconds, target_calls=4, draft_calls=4 * drafted)
+    trace = dict(rounds=rounds, generated=generated, time_total=seconds, target_calls=4, draft_calls=4 * drafted,
+                 time_draft=0.004, time_target=0.04, time_verify=0.0)
     quality = dict(nll=nll * generated, tokens=generated, rouge_l_vs_ar=rouge, rouge_l_vs_reference=reference)
     flops = dict(total=1e9 * generated, prefill=0)
     return dict(method=method, prompt_index=index, prompt_id=str(index), tokens=list(range(generated)), trace=trace,

@@ -19,7 +19,8 @@ def _record(method, index, seconds, drafted=0, accepted=0, tokens=8):
                    time_decode=0.01, time_verify=0.0) for _ in range(tokens // (accepted + 1))]
     generated = sum(r["emitted"] for r in rounds)
     trace = dict(rounds=rounds, generated=generated, time_total=seconds, target_calls=len(rounds),
-                 draft_calls=drafted * len(rounds))
+                 draft_calls=drafted * len(rounds), time_draft=0.001 * len(rounds), time_target=0.01 * len(rounds),
+                 time_verify=0.0)
     return dict(method=method, prompt_index=index, prompt_id=str(index), tokens=list(range(generated)), trace=trace)
 
 
@@ -79,6 +80,21 @@ def test_report_shows_the_speedup_over_the_compare_to_method(results_file, tmp_p
     versus, ci = results["aggregate"][0]["speedup_vs_sd"], results["aggregate"][0]["speedup_vs_sd_ci95"]
     assert versus < 1 and f"| {versus:.2f}x | [{ci[0]:.2f}, {ci[1]:.2f}] |" in ar_row  # ar is slower than sd
     assert full_columns(None) == FULL_COLUMNS and "'vs sd' is the same against `sd`" in markdown
+
+
+def test_report_gives_block_efficiency_and_wall_time_with_intervals(results_file, tmp_path):
+    _, results = results_file
+    results["config"] = asdict(BenchConfig(methods=["ar", "sd"], gamma=4, compare_to="ar"))
+    path = tmp_path / "efficiency.json"
+    path.write_text(json.dumps(results))
+    markdown, _, _ = write_report(path)
+    section = markdown[markdown.index("## Block efficiency and wall time"):]
+    header = next(line for line in section.splitlines() if line.startswith("| method |"))
+    assert "| ms/token [95% CI] | tokens/target call [95% CI] | tokens/target call vs ar [95% CI] |" in header
+    sd_row = next(line for line in section.splitlines() if line.startswith("| sd |"))
+    # sd: 2 calls of 4 tokens on every prompt, ar: 8 calls of 1; sd takes 0.5 s per prompt for 8 tokens.
+    assert "| 62.5 [62.5, 62.5] | 4.00 [4.00, 4.00] | 4.000 [4.000, 4.000] |" in sd_row
+    assert f"| {results['aggregate'][1]['speedup']:.2f}x [" in sd_row
 
 
 def test_report_cli_prints_the_table_and_takes_paths(results_file, tmp_path, capsys):

@@ -7,7 +7,9 @@ Per method (notation of ALGORITHMS.md §3.4; p = target, q = draft):
   interval is a percentile bootstrap over prompts: prompts are resampled with replacement (the baseline's and the
   method's decode of a prompt stay paired), the ratio of totals is recomputed per resample, and the 2.5% / 97.5%
   quantiles are reported; the resampling uses `numpy.random.default_rng(seed)`, so intervals are reproducible;
-* block efficiency = generated tokens / target calls (tokens per target call, E[N] when every call is a round);
+* block efficiency = generated tokens / target calls (tokens per target call, E[N] when every call is a round).
+  `efficiency` gives it and the wall time per token with 95% intervals (the same bootstrap over prompts, of the
+  ratio of totals), and, against a comparison method, the paired ratio of block efficiencies with its interval;
 * acceptance rate = accepted / drafted tokens (the engine's definition; it counts draft tokens after a rejection);
 * α = per-position acceptance probability: accepted / (accepted + rejections), where a round has a rejection when
   τ < drafted. This is the maximum-likelihood estimate of the i.i.d. acceptance probability from rounds cut at the
@@ -99,14 +101,33 @@ def bootstrap_speedup(
     """
     if len(base) != len(mine) or len(base) < 2 or resamples < 1:
         return None
-    b, m = np.asarray(base, dtype=float), np.asarray(mine, dtype=float)  # [n, 2]: seconds, tokens
-    idx = np.random.default_rng(seed).integers(0, len(b), size=(resamples, len(b)))  # [B, n]
-    sums_b, sums_m = b[idx].sum(axis=1), m[idx].sum(axis=1)  # [B, 2]
-    valid = (sums_b[:, 1] > 0) & (sums_m[:, 0] > 0)
-    if not valid.any():
+    sums = _resampled_sums(np.concatenate([np.asarray(base, float), np.asarray(mine, float)], axis=1), resamples,
+                           seed)  # [B, 4]: base seconds, base tokens, method seconds, method tokens
+    valid = (sums[:, 1] > 0) & (sums[:, 2] > 0)
+    return _interval((sums[valid, 0] / sums[valid, 1]) / (sums[valid, 2] / sums[valid, 3]))
+
+
+def bootstrap_ratio(pairs: Sequence[tuple[float, float]], resamples: int, seed: int) -> tuple[float, float] | None:
+    """Return the 95% percentile-bootstrap interval of Σ numerator / Σ denominator over per-prompt (numerator,
+    denominator) pairs, e.g. (seconds, tokens) for seconds per token; None with fewer than two prompts."""
+    if len(pairs) < 2 or resamples < 1:
         return None
-    ratio = (sums_b[valid, 0] / sums_b[valid, 1]) / (sums_m[valid, 0] / sums_m[valid, 1])
-    lo, hi = np.quantile(ratio, [0.025, 0.975])
+    sums = _resampled_sums(np.asarray(pairs, dtype=float), resamples, seed)  # [B, 2]
+    valid = sums[:, 1] > 0
+    return _interval(sums[valid, 0] / sums[valid, 1])
+
+
+def _resampled_sums(per_prompt: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """Column sums of `per_prompt` [n, k] over `resamples` resamples of its rows with replacement: [B, k]."""
+    idx = np.random.default_rng(seed).integers(0, len(per_prompt), size=(resamples, len(per_prompt)))  # [B, n]
+    return per_prompt[idx].sum(axis=1)
+
+
+def _interval(statistic: np.ndarray) -> tuple[float, float] | None:
+    """The 2.5% and 97.5% quantiles of a resampled statistic (None when no resample was valid)."""
+    if statistic.size == 0:
+        return None
+    lo, hi = np.quantile(statistic, [0.025, 0.975])
     return float(lo), float(hi)
 
 
@@ -126,6 +147,12 @@ def prompt_round_seconds(trace: dict[str, Any]) -> float:
         return 0.0
     first = trace["rounds"][0]
     return first["time_draft"] + first["time_decode"] + first["time_verify"]
+
+
+def target_calls_and_tokens(trace: dict[str, Any]) -> tuple[float, int]:
+    """Return (target calls, generated tokens) of a decode: as a `paired_speedup` part, the ratio of two methods'
+    block efficiencies (tokens per target call), mine over base."""
+    return trace["target_calls"], trace["generated"]
 
 
 def decode_rounds(trace: dict[str, Any]) -> tuple[float, int]:
@@ -175,6 +202,47 @@ def decode_split(
             "decode_speedup": speedup,
             "decode_speedup_ci95": ci,
         })
+    return rows
+
+
+TIME_PARTS = ("draft", "target", "verify", "other")
+
+
+def efficiency(
+    records: Sequence[dict[str, Any]], methods: Sequence[str], compare_to: str | None = None, resamples: int = 2000,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Return one row per method: wall time per token and block efficiency, each with its 95% bootstrap interval
+    over prompts; seconds per token in drafting, target forwards, verification and the rest; tokens per target pass
+    in the decode rounds (the tree size for multi-path methods); with `compare_to`, the paired ratios of block
+    efficiency (`block_efficiency_vs`) and of speed (`speedup_vs`) against that method, with their intervals."""
+    by_method = _by_method(records, methods)
+    rows = []
+    for method in methods:
+        traces = [rec["trace"] for rec in by_method[method].values()]
+        tokens = sum(t["generated"] for t in traces)
+        calls = sum(t["target_calls"] for t in traces)
+        later = _rounds(list(by_method[method].values()), skip_first=True)
+        row: dict[str, Any] = {
+            "method": method,
+            "prompts": len(traces),
+            "seconds_per_token": sum(t["time_total"] for t in traces) / tokens if tokens else None,
+            "seconds_per_token_ci95": bootstrap_ratio([whole_decode(t) for t in traces], resamples, seed),
+            "tokens_per_target_call": tokens / calls if calls else None,
+            "tokens_per_target_call_ci95": bootstrap_ratio([(t["generated"], t["target_calls"]) for t in traces],
+                                                           resamples, seed),
+            "tokens_per_target_pass": sum(r["fed"] for r in later) / len(later) if later else None,
+        }
+        seconds = {part: sum(t[f"time_{part}"] for t in traces) for part in TIME_PARTS[:-1]}
+        seconds["other"] = sum(t["time_total"] for t in traces) - sum(seconds.values())  # bookkeeping, sampling
+        for part in TIME_PARTS:
+            row[f"{part}_seconds_per_token"] = seconds[part] / tokens if tokens else None
+        if compare_to is not None:
+            versus = by_method.get(compare_to, {})
+            row["block_efficiency_vs"], row["block_efficiency_vs_ci95"] = paired_speedup(
+                versus, by_method[method], resamples, seed, target_calls_and_tokens)
+            row["speedup_vs"], row["speedup_vs_ci95"] = paired_speedup(versus, by_method[method], resamples, seed)
+        rows.append(row)
     return rows
 
 

@@ -8,7 +8,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from verispec.bench.metrics import decode_split, one_token_target_seconds, theoretical_speedup
+from verispec.bench.metrics import (
+    TIME_PARTS,
+    decode_split,
+    efficiency,
+    one_token_target_seconds,
+    theoretical_speedup,
+)
 from verispec.bench.sprinter_online import sprinter_online
 from verispec.errors import ConfigError
 
@@ -69,12 +75,12 @@ def full_columns(compare_to: str | None = None) -> list[Column]:
     return [*FULL_COLUMNS[:at], *versus, *FULL_COLUMNS[at:]]
 
 
-def _with_ci(row: dict[str, Any], key: str, spec: str, count: bool = False) -> str:
+def _with_ci(row: dict[str, Any], key: str, spec: str, count: bool = False, suffix: str = "") -> str:
     """Return `value [lo, hi]` (and `, n = prompts` with `count`) of an aggregate with a 95% interval."""
     value, ci = row.get(key), row.get(f"{key}_ci95")
     if value is None:
         return "-"
-    text = format(value, spec) + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else "")
+    text = format(value, spec) + suffix + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else "")
     return text + (f", n = {row.get(f'{key}_prompts')}" if count else "")
 
 
@@ -193,6 +199,54 @@ def render_decode_split(results: dict[str, Any], baseline: str) -> str:
     ])
 
 
+def _in_ms(row: dict[str, Any], key: str) -> dict[str, Any]:
+    """`row` with `key` and its interval in milliseconds instead of seconds."""
+    value, ci = row.get(key), row.get(f"{key}_ci95")
+    return {**row, key: value and 1000 * value, f"{key}_ci95": ci and [1000 * x for x in ci]}
+
+
+def _efficiency_columns(compare_to: str | None) -> list[Column]:
+    columns: list[Column] = [
+        ("method", lambda r: str(r["method"])),
+        ("prompts", lambda r: str(r["prompts"])),
+        ("ms/token [95% CI]", lambda r: _with_ci(_in_ms(r, "seconds_per_token"), "seconds_per_token", ".1f")),
+        ("tokens/target call [95% CI]", lambda r: _with_ci(r, "tokens_per_target_call", ".2f")),
+    ]
+    if compare_to is not None:
+        columns += [
+            (f"tokens/target call vs {compare_to} [95% CI]", lambda r: _with_ci(r, "block_efficiency_vs", ".3f")),
+            (f"speedup vs {compare_to} [95% CI]", lambda r: _with_ci(r, "speedup_vs", ".2f", suffix="x")),
+        ]
+    columns += [
+        (" / ".join(TIME_PARTS) + " ms/token",
+         lambda r: " / ".join(_fmt(_in_ms(r, f"{part}_seconds_per_token")[f"{part}_seconds_per_token"], ".1f")
+                              for part in TIME_PARTS)),
+        ("tokens per target pass", lambda r: _fmt(r["tokens_per_target_pass"], ".1f")),
+    ]
+    return columns
+
+
+def render_efficiency(results: dict[str, Any]) -> str:
+    """Return the markdown section of block efficiency and wall time per token, each with its 95% interval, the
+    paired ratios against the run's `--compare-to` method, and where each method's time goes
+    (`metrics.efficiency`, computed from the records)."""
+    cfg = results["config"]
+    compare_to = cfg.get("compare_to")
+    rows = efficiency(results["records"], cfg["methods"], compare_to, cfg.get("bootstrap_resamples", 2000),
+                      cfg.get("bootstrap_seed", 0))
+    versus = (f" 'vs {compare_to}': the ratio of this method's block efficiency (or speed) to `{compare_to}`'s "
+              "over the prompts both decoded, with its paired interval." if compare_to else "")
+    return "\n".join([
+        "## Block efficiency and wall time", "",
+        format_table(rows, _efficiency_columns(compare_to)), "",
+        "Block efficiency: generated tokens / target calls. Intervals: 95% percentile bootstrap over prompts of the "
+        f"ratio of totals.{versus} Time per generated token in draft forwards and sampling, target forwards, "
+        "verification (logits to probabilities, the accept rule, residuals) and the rest (bookkeeping, cache "
+        "updates). Tokens per target pass: mean tokens the target processed per call in the decode rounds, i.e. "
+        "the block (γ + 1) or the tree's nodes (multi-path), plus any uncached committed token.",
+    ])
+
+
 def _has_quality_or_cost(rows: Sequence[dict[str, Any]]) -> bool:
     keys = ("flops_per_token", "nll_per_token", "rouge_l_vs_ar", "rouge_l_vs_reference", "eta_fp", "eta_tp")
     return any(r.get(k) is not None for r in rows for k in keys)
@@ -241,6 +295,8 @@ def render_markdown(results: dict[str, Any], profile: Any = None, peer_profile: 
     ]
     if baseline in cfg["methods"] and any(r["trace"]["rounds"] for r in results["records"]):
         lines += ["", render_decode_split(results, baseline)]
+    if any(r["trace"]["rounds"] for r in results["records"]):
+        lines += ["", render_efficiency(results)]
     if _has_quality_or_cost(results["aggregate"]):
         lines += ["", "## Quality and cost", "", format_table(results["aggregate"], QUALITY_COLUMNS), "", QUALITY_NOTE]
     online = [(m, figures) for m in cfg["methods"]
