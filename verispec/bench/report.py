@@ -205,6 +205,12 @@ def _in_ms(row: dict[str, Any], key: str) -> dict[str, Any]:
     return {**row, key: value and 1000 * value, f"{key}_ci95": ci and [1000 * x for x in ci]}
 
 
+def _time_split(row: dict[str, Any]) -> str:
+    """Milliseconds per token in each of `TIME_PARTS`, joined by ' / '."""
+    per_token = (row[f"{part}_seconds_per_token"] for part in TIME_PARTS)
+    return " / ".join(_fmt(None if s is None else 1000 * s, ".1f") for s in per_token)
+
+
 def _efficiency_columns(compare_to: str | None) -> list[Column]:
     columns: list[Column] = [
         ("method", lambda r: str(r["method"])),
@@ -219,8 +225,7 @@ def _efficiency_columns(compare_to: str | None) -> list[Column]:
         ]
     columns += [
         (" / ".join(TIME_PARTS) + " ms/token",
-         lambda r: " / ".join(_fmt(_in_ms(r, f"{part}_seconds_per_token")[f"{part}_seconds_per_token"], ".1f")
-                              for part in TIME_PARTS)),
+         _time_split),
         ("tokens per target pass", lambda r: _fmt(r["tokens_per_target_pass"], ".1f")),
     ]
     return columns
