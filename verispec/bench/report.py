@@ -224,8 +224,7 @@ def _efficiency_columns(compare_to: str | None) -> list[Column]:
             (f"speedup vs {compare_to} [95% CI]", lambda r: _with_ci(r, "speedup_vs", ".2f", suffix="x")),
         ]
     columns += [
-        (" / ".join(TIME_PARTS) + " ms/token",
-         _time_split),
+        (" / ".join(TIME_PARTS) + " ms/token", _time_split),
         ("tokens per target pass", lambda r: _fmt(r["tokens_per_target_pass"], ".1f")),
     ]
     return columns
@@ -298,9 +297,9 @@ def render_markdown(results: dict[str, Any], profile: Any = None, peer_profile: 
         "drafted token and f: target cost of a γ+1-token block, both relative to a measured 1-token target forward; "
         "theoretical speedup (1 − α^{γ+1}) / ((1 − α)(γc + f)) (ALGORITHMS.md §3.4).",
     ]
-    if baseline in cfg["methods"] and any(r["trace"]["rounds"] for r in results["records"]):
-        lines += ["", render_decode_split(results, baseline)]
     if any(r["trace"]["rounds"] for r in results["records"]):
+        if baseline in cfg["methods"]:
+            lines += ["", render_decode_split(results, baseline)]
         lines += ["", render_efficiency(results)]
     if _has_quality_or_cost(results["aggregate"]):
         lines += ["", "## Quality and cost", "", format_table(results["aggregate"], QUALITY_COLUMNS), "", QUALITY_NOTE]
