@@ -8,7 +8,9 @@
 # issue5-T0 issue5-T1 (and draft-bf16-humaneval-T0 draft-bf16-dev-T0: issue 3's prompts with a bfloat16 draft).
 # UPTO runs that many prompts in all (default: the size the issue asks for). Every run writes
 # its results after each prompt and resumes with `--resume`, so a run can stop (or be killed) and go on later,
-# losing at most the prompt in progress; rerun with a larger UPTO to extend it. On the 2-core CPU these runs take
+# losing at most the prompt in progress; rerun with a larger UPTO to extend it. Each run's results are also kept,
+# compressed and without the prompts' text, in benchmarks/results/NAME.json.gz (committed; `verispec archive`), and a
+# run resumes from there on a machine that lacks results/full/NAME.json. On the 2-core CPU these runs take
 # about 30 hours together, far more than one session, hence the resumability.
 #
 # Prompt sets. Evaluation prompts never overlap SPRINTER's training prompts: the verifiers are trained on the dev
@@ -22,6 +24,7 @@ PY=".venv/bin/python"
 DEV="spec-bench:../shared/data/spec_bench/dev.jsonl"
 SHORT=(writing roleplay reasoning math coding stem humanities translation qa math_reasoning)  # no RAG/summaries
 OUT=results/full
+ARCHIVE=benchmarks/results  # committed: `verispec archive pack RESULTS ARCHIVE` after a run stopped by hand
 mkdir -p "$OUT" results/sprinter
 RUN=${1:?usage: benchmarks/run_full.sh RUN [UPTO]}
 N=128
@@ -29,7 +32,13 @@ N=128
 bench() {  # bench NAME UPTO ARGS...: one resumable run into $OUT/NAME.json, with its report
   local name=$1 upto=$2
   shift 2
+  # $OUT is not committed and does not outlive the machine; the archive in $ARCHIVE (prompt texts left out) is.
+  # Resume from the archive when the results file is not here, and refresh the archive after the run.
+  if [ ! -f "$OUT/$name.json" ] && [ -f "$ARCHIVE/$name.json.gz" ]; then
+    $V archive unpack "$ARCHIVE/$name.json.gz" "$OUT/$name.json"
+  fi
   $V bench "$@" --max-new-tokens "$N" --limit "$upto" --resume --no-progress --out "$OUT/$name.json" --report
+  $V archive pack "$OUT/$name.json" "$ARCHIVE/$name.json.gz"
 }
 
 issue3_prompts() {  # issue3_prompts SOURCE: sets PROMPTS, issue 3's prompts (dev positions 100+, or HumanEval)

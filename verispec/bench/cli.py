@@ -1,4 +1,5 @@
-"""Subcommands of the benchmark harness, registered into the `verispec` parser: `bench`, `report` and `pareto`.
+"""Subcommands of the benchmark harness, registered into the `verispec` parser: `bench`, `report`, `pareto` and
+`archive`.
 
 They parse into `BenchConfig` (whose defaults they read, never restate) and call one library function each.
 """
@@ -62,6 +63,23 @@ def cmd_pareto(args: argparse.Namespace) -> int:
             raise ConfigError(f"cannot read results file {name}: {exc}") from exc
         runs.append((Path(name).stem if len(args.results) > 1 else "", results))
     print(f"plot: {plot_pareto(runs, args.out, y=args.y)}")
+    return 0
+
+
+def cmd_archive(args: argparse.Namespace) -> int:
+    """Pack a results file into a prompt-free archive, or unpack an archive back into its results file."""
+    from pathlib import Path
+
+    from verispec.bench.archive import pack, unpack
+    from verispec.errors import ConfigError
+
+    source, destination = Path(args.source), Path(args.destination)
+    if not source.is_file():
+        raise ConfigError(f"cannot {args.action}: {source} does not exist")
+    if args.action == "unpack" and destination.exists() and not args.force:
+        raise ConfigError(f"{destination} exists; unpacking would replace it (pass --force to do so)")
+    (pack if args.action == "pack" else unpack)(source, destination)
+    print(f"{args.action}ed {source} -> {destination}")
     return 0
 
 
@@ -145,3 +163,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="quality axis (default: %(default)s)")
     p.add_argument("--out", default="results/pareto.png", help="PNG path (default: %(default)s)")
     p.set_defaults(func=cmd_pareto)
+
+    p = sub.add_parser("archive", help="pack a results JSON into a prompt-free .json.gz to commit, or unpack one")
+    p.add_argument("action", choices=["pack", "unpack"],
+                   help="pack: RESULTS -> ARCHIVE (prompt texts replaced by their SHA-256); unpack: ARCHIVE -> "
+                        "RESULTS (texts read back from the prompt source and checked)")
+    p.add_argument("source", help="pack: the results JSON; unpack: the .json.gz archive")
+    p.add_argument("destination", help="pack: the .json.gz to write; unpack: the results JSON to write")
+    p.add_argument("--force", action="store_true", help="unpack over an existing results file")
+    p.set_defaults(func=cmd_archive)

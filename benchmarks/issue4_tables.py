@@ -1,0 +1,153 @@
+"""Issue 4's tables in BENCHMARKS.md (§4c, §4d) from one results file of `benchmarks/run_full.sh issue4-T*`.
+
+Prints markdown: the prompts' facts, one row per method (wall time and block efficiency with 95% intervals, α,
+block efficiency and speed against BV at the same γ and speed against `ar`, the time split, tokens per target
+pass), BV against token verification per γ, and per category α and GBV's block efficiency against BV's. Every
+number comes from `verispec.bench.metrics` (the report's "Block efficiency and wall time" section compares against
+one method only; here each method is set against BV at its own γ).
+
+    .venv/bin/python benchmarks/issue4_tables.py results/full/issue4-T0.6.json [--first N]
+
+`--first N` keeps prompts 0..N-1 only (to reproduce a table written when the run had N prompts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from collections.abc import Sequence
+from statistics import fmean
+from typing import Any
+
+from verispec.bench.metrics import alpha_estimate, efficiency
+
+RESAMPLES, SEED = 2000, 0
+
+
+def parse_label(method: str) -> tuple[str, int, int]:
+    """Return (family, K, γ) of a method label such as `gbv:paths=3,gamma=8` (K = 1, γ = 0 when absent)."""
+    family, _, options = method.partition(":")
+    values = dict(re.findall(r"(\w+)=(\d+)", options))
+    return family, int(values.get("paths", 1)), int(values.get("gamma", 0))
+
+
+def display(method: str) -> str:
+    """Return the table's name of a method: `gbv K=3, γ=8`, `sd γ=4`, `ar`."""
+    family, k, gamma = parse_label(method)
+    if not gamma:
+        return family
+    return f"{family} K={k}, γ={gamma}" if k > 1 else f"{family} γ={gamma}"
+
+
+def single_path(gamma: int) -> str:
+    """Return the BV label at draft length γ: the comparison for every method with that γ."""
+    return f"bv:gamma={gamma}"
+
+
+def fmt(value: float | None, digits: int, suffix: str = "") -> str:
+    """Return `value` rounded, or '-' when None."""
+    return "-" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def with_ci(value: float | None, ci: Sequence[float] | None, digits: int, scale: float = 1.0, suffix: str = "") -> str:
+    """Return `value [low, high]` scaled, or '-' when None."""
+    if value is None:
+        return "-"
+    text = fmt(value * scale, digits, suffix)
+    return text if ci is None else f"{text} [{ci[0] * scale:.{digits}f}, {ci[1] * scale:.{digits}f}]"
+
+
+def versus(records: list[dict[str, Any]], method: str, other: str, resamples: int = RESAMPLES) -> dict[str, Any]:
+    """Return `method`'s efficiency row against `other` (block efficiency and speed ratios with intervals)."""
+    return efficiency(records, [method, other], compare_to=other, resamples=resamples, seed=SEED)[0]
+
+
+def prompt_facts(records: list[dict[str, Any]]) -> str:
+    """Return one paragraph of facts on the prompts and the baseline's outputs."""
+    ar = {r["prompt_index"]: r for r in records if r["method"] == "ar"}
+    categories = Counter(r["category"] for r in ar.values())
+    lengths = [r["prompt_tokens"] for r in ar.values()]
+    eos = sum(r["stopped_at_eos"] for r in ar.values())
+    return (f"{len(ar)} prompts ({', '.join(f'{c} {n}' for c, n in categories.most_common())}); "
+            f"{min(lengths)}-{max(lengths)} prompt tokens (mean {fmean(lengths):.0f}); `ar` wrote "
+            f"{sum(r['trace']['generated'] for r in ar.values()):,} tokens, {eos} of its "
+            f"{len(ar)} outputs end at EOS; decodes finished {min(r['finished'] for r in records)} to "
+            f"{max(r['finished'] for r in records)}.")
+
+
+def method_table(records: list[dict[str, Any]], methods: list[str]) -> list[str]:
+    """Return the markdown rows of the per-method table."""
+    lines = ["| method | ms/token [95% CI] | block efficiency [95% CI] | α | block efficiency vs bv, same γ [95% CI] "
+             "| speed vs bv, same γ [95% CI] | speed vs ar [95% CI] | draft / target / verify ms per token "
+             "| tokens per target pass |", "|---|" + "---:|" * 8]
+    for row in efficiency(records, methods, compare_to="ar", resamples=RESAMPLES, seed=SEED):
+        method = row["method"]
+        family, _, gamma = parse_label(method)
+        if gamma and method != single_path(gamma):
+            same = versus(records, method, single_path(gamma))
+            block_vs = with_ci(same["block_efficiency_vs"], same["block_efficiency_vs_ci95"], 3)
+            speed_vs = with_ci(same["speedup_vs"], same["speedup_vs_ci95"], 2, suffix="x")
+        else:
+            block_vs, speed_vs = ("1.000", "1.00x") if gamma else ("-", "-")
+        alpha = alpha_estimate([r for r in records if r["method"] == method]) if gamma else None
+        split = " / ".join(fmt(row[f"{part}_seconds_per_token"] * 1e3, 1) for part in ("draft", "target", "verify"))
+        lines.append(" | ".join([
+            f"| {display(method)}",
+            with_ci(row["seconds_per_token"], row["seconds_per_token_ci95"], 1, scale=1e3),
+            with_ci(row["tokens_per_target_call"], row["tokens_per_target_call_ci95"], 2),
+            fmt(alpha, 3), block_vs, speed_vs,
+            with_ci(row["speedup_vs"], row["speedup_vs_ci95"], 2, suffix="x"),
+            split, fmt(row["tokens_per_target_pass"], 1),
+        ]) + " |")
+    return lines
+
+
+def bv_against_sd(records: list[dict[str, Any]], methods: list[str]) -> list[str]:
+    """Return one line per γ: BV's block efficiency and speed against token verification (SD) at that γ."""
+    lines = []
+    for gamma in sorted({parse_label(m)[2] for m in methods if parse_label(m)[0] == "bv"}):
+        sd = f"sd:gamma={gamma}"
+        if sd not in methods:
+            continue
+        row = versus(records, single_path(gamma), sd)
+        lines.append(f"- BV vs SD at γ = {gamma}: block efficiency "
+                     f"{with_ci(row['block_efficiency_vs'], row['block_efficiency_vs_ci95'], 3)}, "
+                     f"speed {with_ci(row['speedup_vs'], row['speedup_vs_ci95'], 2, suffix='x')}")
+    return lines
+
+
+def category_table(records: list[dict[str, Any]], methods: list[str]) -> list[str]:
+    """Return a markdown table per category: prompts, BV's α at each γ, and GBV/BV block efficiency per (K, γ)."""
+    gbv = [m for m in methods if parse_label(m)[0] == "gbv"]
+    gammas = sorted({parse_label(m)[2] for m in methods if parse_label(m)[0] == "bv"})
+    head = ["category", "prompts"] + [f"α bv γ={g}" for g in gammas] + [f"gbv/bv {display(m)[4:]}" for m in gbv]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for category, _ in Counter(r["category"] for r in records if r["method"] == "ar").most_common():
+        mine = [r for r in records if r["category"] == category]
+        cells = [category, str(len({r["prompt_index"] for r in mine}))]
+        cells += [fmt(alpha_estimate([r for r in mine if r["method"] == single_path(g)]), 2) for g in gammas]
+        for method in gbv:
+            row = versus(mine, method, single_path(parse_label(method)[2]), resamples=1)  # the ratio only
+            cells.append(fmt(row["block_efficiency_vs"], 2))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print issue 4's tables for one results file."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("results", help="a results file of `benchmarks/run_full.sh issue4-T*`")
+    parser.add_argument("--first", type=int, default=None, help="keep prompts 0..N-1 only")
+    args = parser.parse_args(argv)
+    with open(args.results) as handle:
+        data = json.load(handle)
+    records = [r for r in data["records"] if args.first is None or r["prompt_index"] < args.first]
+    methods = list(data["config"]["methods"])
+    print(prompt_facts(records), "", *method_table(records, methods), "", *bv_against_sd(records, methods), "",
+          *category_table(records, methods), sep="\n")
+
+
+if __name__ == "__main__":
+    main()
