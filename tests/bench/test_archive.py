@@ -68,6 +68,10 @@ def test_unpack_refuses_a_changed_or_missing_prompt_and_a_corrupt_archive(source
     with pytest.raises(ConfigError, match="not a gzipped results archive"):
         unpack(tmp_path / "bad.json.gz", tmp_path / "back.json")
     assert not (tmp_path / "back.json").exists()
+    for text in ("{not json", json.dumps({"records": [{"method": "ar"}]}), "[]"):
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(ConfigError, match="not a results file"):
+            pack(tmp_path / "bad.json", tmp_path / "bad.json.gz")
 
 
 def test_cli_round_trip_refuses_to_overwrite_without_force(source, tmp_path, capsys):

@@ -59,7 +59,16 @@ def restore_prompts(archived: dict[str, Any]) -> dict[str, Any]:
 
 def pack(results_path: str | Path, archive_path: str | Path) -> None:
     """Write the archive of the results file at `results_path` to `archive_path` (a `.json.gz`)."""
-    results = json.loads(Path(results_path).read_text())
+    problem = f"cannot pack {results_path}: not a results file of `verispec bench`"
+    try:
+        results = json.loads(Path(results_path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(problem) from exc
+    records = results.get("records") if isinstance(results, dict) else None
+    keyed = isinstance(records, list) and all(isinstance(r, dict) and {"prompt", "prompt_sha256"} & r.keys()
+                                              for r in records)
+    if not keyed:
+        raise ConfigError(problem)
     payload = json.dumps(strip_prompts(results), indent=1).encode("utf-8")
     Path(archive_path).parent.mkdir(parents=True, exist_ok=True)
     with open(archive_path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", filename="", mtime=0) as out:
