@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verispec.drafting import DraftBlock, StopRule, draft_paths, merge_paths
+from verispec.drafting import DraftBlock, PrefixTree, StopRule, draft_paths, merge_paths
 from verispec.errors import ConfigError
 from verispec.methods import Method, MultiPathResult, get_method
 from verispec.models.protocol import CausalLM
@@ -127,25 +127,15 @@ class Engine:
 
             # 2. One decoder pass over the uncached committed tokens plus the block (a tree when K > 1).
             base = len(tokens)
-            tree = merge_paths(block.tokens)
-            new = tokens[decoder.cache_length :]
-            if config.paths == 1:
-                logits = decoder.forward(new + block.tokens[0], n_logits=block.length + 1).logits  # [γ'+1, V]
-            else:
-                parents = list(range(base - len(new) - 1, base - 1))  # the committed tokens continue the chain
-                parents += [base - 1 if parent < 0 else base + parent for parent in tree.parents]
-                logits = decoder.forward(new + tree.tokens, n_logits=len(tree.tokens) + 1, parents=parents).logits
+            logits, tree, fed = tree_pass(decoder, tokens, block)
             t2 = time.perf_counter()
-            fed = len(new) + len(tree.tokens)
             if decoder_is_draft:
                 trace.draft_calls, trace.draft_tokens = trace.draft_calls + 1, trace.draft_tokens + fed
             else:
                 trace.target_calls, trace.target_tokens = trace.target_calls + 1, trace.target_tokens + fed
 
             # 3. Verify against the processed distributions actually sampled from.
-            p_nodes = process_logits(logits, config.sampling)  # [N+1, V]: the root, then each tree node
-            rows = [[0] + [1 + node for node in nodes] for nodes in tree.node_of] if config.paths > 1 else None
-            p = p_nodes[torch.tensor(rows)] if rows else p_nodes.unsqueeze(0)  # [K, γ'+1, V]
+            p = path_rows(process_logits(logits, config.sampling), tree)  # [K, γ'+1, V]
             result = verify_paths(method, block.as_tensor(), block.q, p, generator)
             t3 = time.perf_counter()
 
@@ -197,6 +187,31 @@ class Engine:
             model.truncate(min(model.cache_length, base + len(kept)))
         else:
             model.keep(list(range(min(base, model.cache_length))) + kept)
+
+
+def tree_pass(decoder: CausalLM, tokens: list[int], block: DraftBlock) -> tuple[torch.Tensor, PrefixTree, int]:
+    """Run one decoder pass over the committed `tokens` its cache lacks plus the draft paths of `block`, merged into
+    a prefix tree (tree attention when K > 1); return (logits `[N+1, V]`: the root, then each tree node; the tree;
+    the number of tokens fed). The cache must lack at least the last committed token (the root's logits)."""
+    base = len(tokens)
+    tree = merge_paths(block.tokens)
+    new = tokens[decoder.cache_length :]
+    if len(block.tokens) == 1:
+        logits = decoder.forward(new + block.tokens[0], n_logits=block.length + 1).logits  # [γ'+1, V]
+    else:
+        parents = list(range(base - len(new) - 1, base - 1))  # the committed tokens continue the chain
+        parents += [base - 1 if parent < 0 else base + parent for parent in tree.parents]
+        logits = decoder.forward(new + tree.tokens, n_logits=len(tree.tokens) + 1, parents=parents).logits
+    return logits, tree, len(new) + len(tree.tokens)
+
+
+def path_rows(node_rows: torch.Tensor, tree: PrefixTree) -> torch.Tensor:
+    """Return the rows `[N+1, ...]` of the root and the tree nodes (from `tree_pass`) laid out per path,
+    `[K, γ'+1, ...]`: row i of path k is the node after its first i tokens (the multi-path contract)."""
+    if len(tree.node_of) == 1:
+        return node_rows.unsqueeze(0)  # one path: the nodes are the path
+    rows = [[0] + [1 + node for node in nodes] for nodes in tree.node_of]
+    return node_rows[torch.tensor(rows)]
 
 
 def position_leaks(

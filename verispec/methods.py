@@ -14,20 +14,42 @@ import torch
 
 from verispec.errors import ConfigError
 from verispec.verify import (
+    NODE_LAWS,
+    BlockLaw,
     MultiPathResult,
     block_verify,
+    block_verify_law,
     gbv_verify,
+    gbv_verify_law,
     nss_verify,
     specinfer_verify,
     spectr_verify,
     sprinter_verify,
     token_verify,
+    token_verify_law,
+    traversal_expected_accepted,
     traversal_verify,
+    tree_walk_expected_accepted,
 )
 
 __all__ = ["METHODS", "Method", "MultiPathResult", "get_method"]
 
 Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Generator | None], Any]
+ExpectedAccepted = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], float]  # same inputs as Verifier -> E[τ]
+
+
+def _law_mean(law: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], BlockLaw]) -> ExpectedAccepted:
+    """Return the E[τ] function of a single-path verifier from its exact law."""
+    return lambda draft_tokens, q, p: law(draft_tokens, q, p).expected_accepted()
+
+
+def _gbv_expected_accepted(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> float:
+    return gbv_verify_law(draft_tokens, q, p)[1].expected_accepted()
+
+
+def _walk_mean(name: str) -> ExpectedAccepted:
+    """Return the E[τ] function of one of the tree-walk baselines of §2.9."""
+    return lambda draft_tokens, q, p: tree_walk_expected_accepted(NODE_LAWS[name], draft_tokens, q, p)
 
 
 @dataclass(frozen=True)
@@ -42,6 +64,9 @@ class Method:
     lossless: bool  # whether the output law equals the target's
     multipath: bool = False  # verify takes K paths ([K, γ], [K, γ, V], [K, γ+1, V]) and returns MultiPathResult
     learned_stop: bool = False  # the draft run ends at the learned verifier's first rejection or at the cap (§3.1)
+    # Exact E[τ] of one round given the drafted block(s), the verifier's own randomness integrated out (same inputs
+    # as `verify`); None where a method drafts no block or decides its length as it drafts (SPRINTER).
+    expected_accepted: ExpectedAccepted | None = None
 
 
 METHODS: dict[str, Method] = {
@@ -51,19 +76,19 @@ METHODS: dict[str, Method] = {
         Method("draft", "autoregressive decoding of the draft alone (the quality floor)", "draft", False,
                token_verify, False),
         Method("sd", "speculative sampling: token-level verification (ALGORITHMS.md §0)", "target", True,
-               token_verify, True),
+               token_verify, True, expected_accepted=_law_mean(token_verify_law)),
         Method("bv", "block verification: a joint accept rule over the whole block (§1)", "target", True,
-               block_verify, True),
+               block_verify, True, expected_accepted=_law_mean(block_verify_law)),
         Method("gbv", "greedy multi-path block verification over K i.i.d. paths (§2)", "target", True,
-               gbv_verify, True, multipath=True),
+               gbv_verify, True, multipath=True, expected_accepted=_gbv_expected_accepted),
         Method("specinfer", "multi-path recursive rejection sampling (SpecInfer, §2.9)", "target", True,
-               specinfer_verify, True, multipath=True),
+               specinfer_verify, True, multipath=True, expected_accepted=_walk_mean("specinfer")),
         Method("spectr", "multi-path K-SEQ optimal-transport verification (SpecTr, §2.9)", "target", True,
-               spectr_verify, True, multipath=True),
+               spectr_verify, True, multipath=True, expected_accepted=_walk_mean("spectr")),
         Method("nss", "multi-path naive speculative sampling: a token from p, kept if some child matches (§2.9)",
-               "target", True, nss_verify, True, multipath=True),
+               "target", True, nss_verify, True, multipath=True, expected_accepted=_walk_mean("nss")),
         Method("traversal", "traversal verification of the path tree, leaves first (§2.9)", "target", True,
-               traversal_verify, True, multipath=True),
+               traversal_verify, True, multipath=True, expected_accepted=traversal_expected_accepted),
         Method("sprinter", "SPRINTER: a learned verifier ends the draft run; only its last token is checked "
                "(§3.1; approximate)", "target", True, sprinter_verify, False, learned_stop=True),
         Method("sprinter-exact", "SPRINTER's learned run length with every token verified by TV (lossless; "

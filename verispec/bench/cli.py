@@ -1,5 +1,5 @@
-"""Subcommands of the benchmark harness, registered into the `verispec` parser: `bench`, `report`, `pareto` and
-`archive`.
+"""Subcommands of the benchmark harness, registered into the `verispec` parser: `bench`, `report`, `pareto`,
+`archive` and `fixed-blocks`.
 
 They parse into `BenchConfig` (whose defaults they read, never restate) and call one library function each.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import fields
+from typing import Any
 
 
 def _optional_int(text: str) -> int | None:
@@ -83,15 +84,8 @@ def cmd_archive(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the benchmark subcommands to the `verispec` command's subparsers."""
-    from verispec.bench.peers import PEERS
-    from verispec.bench.runner import DEFAULT_OUT, BenchConfig
-    from verispec.methods import METHODS
-
-    d = BenchConfig()  # the defaults, read once
-    p = sub.add_parser("bench", help="benchmark methods and peers on a prompt set: results JSON, table, report")
-    g = p.add_argument_group("prompts")
+def _add_prompt_options(g: argparse._ArgumentGroup, d: Any) -> None:
+    """Add the prompt selection options, defaults read from the config `d` (BenchConfig, FixedBlocksConfig)."""
     g.add_argument("--prompts", default=d.prompts,
                    help="builtin | mt-bench | humaneval | spec-bench:PATH | a .jsonl (Spec-Bench or plain) or "
                         ".txt file (default: %(default)s)")
@@ -101,6 +95,80 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--offset", type=int, default=d.offset, help="skip this many prompts first (default: %(default)s)")
     g.add_argument("--subset-seed", type=_optional_int, default=d.subset_seed,
                    help="shuffle prompts with this seed before offset/limit (default: %(default)s = file order)")
+
+
+def _add_model_options(g: argparse._ArgumentGroup, d: Any) -> None:
+    """Add the model options, defaults read from the config `d`."""
+    g.add_argument("--target", default=d.target, help="hub id, folder or .gguf file (default: embedded)")
+    g.add_argument("--draft", default=d.draft, help="hub id, folder or .gguf file (default: embedded)")
+    g.add_argument("--dtype", default=d.dtype, help="float32 | bfloat16 | float16 | float64 (default: %(default)s)")
+    g.add_argument("--draft-dtype", default=d.draft_dtype,
+                   help="the draft's dtype when it differs from --dtype, e.g. bfloat16 (default: --dtype)")
+    g.add_argument("--device", default=d.device, help="torch device (default: %(default)s)")
+    g.add_argument("--linear-backend", default=d.linear_backend, choices=["onednn", "torch"],
+                   help="verispec methods' CPU linears (default: %(default)s)")
+
+
+def cmd_fixed_blocks(args: argparse.Namespace) -> int:
+    """Compare verifiers on the same drafted blocks; print the table, write the results JSON and its markdown."""
+    from pathlib import Path
+
+    from verispec.bench.fixed_blocks import FixedBlocksConfig, render_fixed_blocks, run_fixed_blocks
+
+    config = FixedBlocksConfig(**{f.name: getattr(args, f.name) for f in fields(FixedBlocksConfig)})
+    results = run_fixed_blocks(config, args.out, progress=not args.no_progress)
+    markdown = render_fixed_blocks(results)
+    markdown_path = Path(args.out).with_suffix(".md")
+    markdown_path.write_text(markdown)
+    print(markdown)
+    print(f"results: {args.out}\nreport: {markdown_path}")
+    return 0
+
+
+def _register_fixed_blocks(sub: argparse._SubParsersAction) -> None:
+    from verispec.bench.fixed_blocks import DEFAULT_OUT, FixedBlocksConfig
+
+    d = FixedBlocksConfig()
+    p = sub.add_parser("fixed-blocks", help="compare verifiers' exact expected accepted tokens on the same drafted "
+                                            "blocks (paired, no decoding noise): results JSON and markdown table")
+    _add_prompt_options(p.add_argument_group("prompts"), d)
+    g = p.add_argument_group("verifiers and blocks")
+    g.add_argument("--methods", nargs="+", default=d.methods,
+                   help="lossless speculative verifiers to compare (default: %(default)s)")
+    g.add_argument("--gammas", nargs="+", type=int, default=d.gammas,
+                   help="block lengths; each is a prefix of the longest drafted path (default: %(default)s)")
+    g.add_argument("--paths", nargs="+", type=int, default=d.paths,
+                   help="K for the multi-path methods (default: %(default)s)")
+    g.add_argument("--draws", type=int, default=d.draws,
+                   help="i.i.d. draft paths per context, a multiple of every K (default: %(default)s)")
+    g.add_argument("--contexts", type=int, default=d.contexts, help="contexts per prompt (default: %(default)s)")
+    g.add_argument("--stride", type=int, default=d.stride,
+                   help="tokens between contexts along the target's continuation (default: %(default)s)")
+    g.add_argument("--temperature", type=float, default=d.temperature, help="(default: %(default)s)")
+    g.add_argument("--top-k", type=int, default=d.top_k, help="0 = off (default: %(default)s)")
+    g.add_argument("--top-p", type=float, default=d.top_p, help="1 = off (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=d.seed, help="prompt i: trajectory seed + i (default: %(default)s)")
+    g.add_argument("--no-chat-template", dest="chat_template", action="store_false", default=d.chat_template,
+                   help="feed prompts as raw text")
+    _add_model_options(p.add_argument_group("models"), d)
+    g = p.add_argument_group("output")
+    g.add_argument("--bootstrap-resamples", type=int, default=d.bootstrap_resamples, help="(default: %(default)s)")
+    g.add_argument("--bootstrap-seed", type=int, default=d.bootstrap_seed, help="(default: %(default)s)")
+    g.add_argument("--out", default=DEFAULT_OUT, help="results JSON; the table goes next to it as .md "
+                                                      "(default: %(default)s)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_fixed_blocks)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the benchmark subcommands to the `verispec` command's subparsers."""
+    from verispec.bench.peers import PEERS
+    from verispec.bench.runner import DEFAULT_OUT, BenchConfig
+    from verispec.methods import METHODS
+
+    d = BenchConfig()  # the defaults, read once
+    p = sub.add_parser("bench", help="benchmark methods and peers on a prompt set: results JSON, table, report")
+    _add_prompt_options(p.add_argument_group("prompts"), d)
     g = p.add_argument_group("methods")
     g.add_argument("--methods", nargs="+", default=d.methods,
                    help=f"run in this order on each prompt; from {', '.join([*METHODS, *PEERS])}, each optionally "
@@ -116,14 +184,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-chat-template", dest="chat_template", action="store_false", default=d.chat_template,
                    help="feed prompts as raw text")
     g = p.add_argument_group("models")
-    g.add_argument("--target", default=d.target, help="hub id, folder or .gguf file (default: embedded)")
-    g.add_argument("--draft", default=d.draft, help="hub id, folder or .gguf file (default: embedded)")
-    g.add_argument("--dtype", default=d.dtype, help="float32 | bfloat16 | float16 | float64 (default: %(default)s)")
-    g.add_argument("--draft-dtype", default=d.draft_dtype,
-                   help="the draft's dtype when it differs from --dtype, e.g. bfloat16 (default: --dtype)")
-    g.add_argument("--device", default=d.device, help="torch device (default: %(default)s)")
-    g.add_argument("--linear-backend", default=d.linear_backend, choices=["onednn", "torch"],
-                   help="verispec methods' CPU linears (default: %(default)s)")
+    _add_model_options(g, d)
     g.add_argument("--peer-linear-backend", default=d.peer_linear_backend, choices=["onednn", "torch"],
                    help="the transformers peers' linears (default: %(default)s: transformers as users run it)")
     g.add_argument("--verifier", default=d.verifier, help="SPRINTER methods: the learned verifier file")
@@ -172,3 +233,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("destination", help="pack: the .json.gz to write; unpack: the results JSON to write")
     p.add_argument("--force", action="store_true", help="unpack over an existing results file")
     p.set_defaults(func=cmd_archive)
+
+    _register_fixed_blocks(sub)

@@ -16,6 +16,9 @@ Glossary (ALGORITHMS.md §0; p = target, q = draft, always):
 Every verifier here is a pure function of tensors (draft tokens, q, p, a torch.Generator): no models, no caches.
 Each one first computes its exact output law (`BlockLaw`: P(τ = i) and the residual at each i), then draws one
 outcome from it; the law is what the exact-enumeration tests check, and the draw is shared by all verifiers.
+Each law also gives E[τ] given the drafted block(s) exactly (`BlockLaw.expected_accepted`,
+`tree_walk_expected_accepted`, `traversal_expected_accepted`; `Method.expected_accepted` per method), which
+`verispec fixed-blocks` averages over shared drafted paths to compare verifiers without decoding noise.
 Traversal is the exception: its sampler walks the same chain of leaf visits that its law sums (one coin a leaf),
 since enumerating the vocabulary at every visited leaf costs far more than the draw; a Monte-Carlo test ties the two.
 """
@@ -30,10 +33,11 @@ from verispec.verify.multipath import (
     nss_verify,
     specinfer_verify,
     spectr_verify,
+    tree_walk_expected_accepted,
     tree_walk_law,
 )
 from verispec.verify.token import token_verify, token_verify_law
-from verispec.verify.traversal import traversal_verify, traversal_verify_law
+from verispec.verify.traversal import traversal_expected_accepted, traversal_verify, traversal_verify_law
 from verispec.verify.tree import MultiPathResult, build_prefix_tree, draw_outcome
 
 __all__ = [
@@ -55,7 +59,9 @@ __all__ = [
     "sprinter_verify_law",
     "token_verify",
     "token_verify_law",
+    "traversal_expected_accepted",
     "traversal_verify",
     "traversal_verify_law",
+    "tree_walk_expected_accepted",
     "tree_walk_law",
 ]

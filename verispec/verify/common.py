@@ -43,6 +43,10 @@ class BlockLaw:
             return self.p[i]
         return positive_residual(self.weights[i] * self.p[i], self.q[i], fallback=self.p[i])
 
+    def expected_accepted(self) -> float:
+        """Return E[τ] = Σ_i i·P(τ = i): the expected number of draft tokens kept (block efficiency − 1)."""
+        return float((torch.arange(self.gamma + 1, dtype=torch.float64, device=self.stop.device) * self.stop).sum())
+
     def joint(self) -> torch.Tensor:
         """Return P(τ = i, y = v) as a `[γ+1, V]` tensor (for exact tests; costs γ+1 residuals)."""
         return torch.stack([self.stop[i] * self.residual(i) for i in range(self.gamma + 1)])

@@ -252,6 +252,28 @@ def tree_walk_law(
     return law
 
 
+def tree_walk_expected_accepted(
+    node_law: NodeLaw, draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor
+) -> float:
+    """Return E[τ] of the walk of `tree_walk_law`, without enumerating its outcomes over the vocabulary.
+
+    τ ≥ d exactly when the walk reaches a node at depth d, so E[τ] = Σ over the non-root nodes of the probability
+    that the walk reaches them: reach(child) = reach(node)·emit(child), emit being the node law.
+    """
+    check_paths_shapes(draft_tokens, q, p)
+    p, q = p.to(torch.float64), q.to(torch.float64)
+    gamma = draft_tokens.shape[1]
+    reach = {(): 1.0}
+    for prefix, node in build_prefix_tree(draft_tokens).items():  # parents come before their children
+        if node.depth == gamma or reach[prefix] == 0.0:
+            reach.update({prefix + (token,): 0.0 for token in node.children})
+            continue
+        emit = node_law(node.draws, p[node.path, node.depth], q[node.path, node.depth])  # [V]
+        for token in node.children:
+            reach[prefix + (token,)] = reach[prefix] * float(emit[token])
+    return sum(reach.values()) - 1.0  # the root is always reached and adds nothing to τ
+
+
 def tree_walk(
     node_law: NodeLaw,
     draft_tokens: torch.Tensor,

@@ -82,16 +82,30 @@ def traversal_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.T
     draft_tokens: [K, γ]; q: [K, γ, V]; p: [K, γ+1, V] (the contract of `verispec.verify.tree`).
     """
     law: dict[MultiPathResult, float] = {}
-    alive = 1.0  # the probability that every leaf visited so far was rejected
-    for leaf, node, accept in leaf_visits(draft_tokens, q, p):
-        for token, prob in enumerate((alive * accept * node.p).tolist()):
+    for leaf, node, stop in leaf_stops(draft_tokens, q, p):
+        for token, prob in enumerate((stop * node.p).tolist()):
             if prob > 0.0:
                 outcome = MultiPathResult(path=node.path, accepted=len(leaf), token=token)
                 law[outcome] = law.get(outcome, 0.0) + prob
+    return law
+
+
+def traversal_expected_accepted(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> float:
+    """Return E[τ] of traversal verification of K paths: Σ over the visited leaves of P(stop there)·depth."""
+    return sum(stop * len(leaf) for leaf, _, stop in leaf_stops(draft_tokens, q, p))
+
+
+def leaf_stops(
+    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor
+) -> Iterator[tuple[tuple[int, ...], _Node, float]]:
+    """Yield (leaf prefix, its node, probability that traversal accepts this leaf) along `leaf_visits`' chain;
+    the extra token then comes from the node's current p."""
+    alive = 1.0  # the probability that every leaf visited so far was rejected
+    for leaf, node, accept in leaf_visits(draft_tokens, q, p):
+        yield leaf, node, alive * accept
         alive *= 1.0 - accept
         if alive <= 0.0:
-            break
-    return law
+            return
 
 
 def after_rejection(
