@@ -44,6 +44,7 @@ def _law_mean(law: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], BlockLaw
 
 
 def _gbv_expected_accepted(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> float:
+    """Return GBV's E[τ]: that of BV with q_skew on the path its greedy selection keeps (§2.4)."""
     return gbv_verify_law(draft_tokens, q, p)[1].expected_accepted()
 
 
