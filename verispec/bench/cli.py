@@ -97,6 +97,15 @@ def _add_prompt_options(g: argparse._ArgumentGroup, d: Any) -> None:
                    help="shuffle prompts with this seed before offset/limit (default: %(default)s = file order)")
 
 
+def _add_sampling_options(g: argparse._ArgumentGroup, d: Any) -> None:
+    """Add the sampling options and --no-chat-template, defaults read from the config `d`."""
+    g.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy (default: %(default)s)")
+    g.add_argument("--top-k", type=int, default=d.top_k, help="0 = off (default: %(default)s)")
+    g.add_argument("--top-p", type=float, default=d.top_p, help="1 = off (default: %(default)s)")
+    g.add_argument("--no-chat-template", dest="chat_template", action="store_false", default=d.chat_template,
+                   help="feed prompts as raw text")
+
+
 def _add_model_options(g: argparse._ArgumentGroup, d: Any) -> None:
     """Add the model options, defaults read from the config `d`."""
     g.add_argument("--target", default=d.target, help="hub id, folder or .gguf file (default: embedded)")
@@ -144,12 +153,8 @@ def _register_fixed_blocks(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--contexts", type=int, default=d.contexts, help="contexts per prompt (default: %(default)s)")
     g.add_argument("--stride", type=int, default=d.stride,
                    help="tokens between contexts along the target's continuation (default: %(default)s)")
-    g.add_argument("--temperature", type=float, default=d.temperature, help="(default: %(default)s)")
-    g.add_argument("--top-k", type=int, default=d.top_k, help="0 = off (default: %(default)s)")
-    g.add_argument("--top-p", type=float, default=d.top_p, help="1 = off (default: %(default)s)")
+    _add_sampling_options(g, d)
     g.add_argument("--seed", type=int, default=d.seed, help="prompt i: trajectory seed + i (default: %(default)s)")
-    g.add_argument("--no-chat-template", dest="chat_template", action="store_false", default=d.chat_template,
-                   help="feed prompts as raw text")
     _add_model_options(p.add_argument_group("models"), d)
     g = p.add_argument_group("output")
     g.add_argument("--bootstrap-resamples", type=int, default=d.bootstrap_resamples, help="(default: %(default)s)")
@@ -176,13 +181,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--baseline", default=d.baseline, help="speedups are against it (default: ar if run, else first)")
     g.add_argument("--compare-to", default=d.compare_to, help="also report speedups against this method (e.g. sd)")
     g.add_argument("--gamma", type=int, default=d.gamma, help="draft tokens per round (default: %(default)s)")
-    g.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy (default: %(default)s)")
-    g.add_argument("--top-k", type=int, default=d.top_k, help="0 = off (default: %(default)s)")
-    g.add_argument("--top-p", type=float, default=d.top_p, help="1 = off (default: %(default)s)")
+    _add_sampling_options(g, d)
     g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="(default: %(default)s)")
     g.add_argument("--seed", type=int, default=d.seed, help="prompt i is decoded with seed + i (default: %(default)s)")
-    g.add_argument("--no-chat-template", dest="chat_template", action="store_false", default=d.chat_template,
-                   help="feed prompts as raw text")
     g = p.add_argument_group("models")
     _add_model_options(g, d)
     g.add_argument("--peer-linear-backend", default=d.peer_linear_backend, choices=["onednn", "torch"],
