@@ -30,7 +30,8 @@ import torch
 from verispec.api import Decoder
 from verispec.bench.datasets import Prompt, load_prompts
 from verispec.bench.metrics import bootstrap_ratio
-from verispec.bench.runner import git_state, machine_description, versions
+from verispec.bench.report import with_ci
+from verispec.bench.runner import git_state, machine_description, versions, write_atomically
 from verispec.drafting import draft_paths
 from verispec.engine import path_rows, tree_pass
 from verispec.errors import ConfigError
@@ -214,12 +215,8 @@ def run_fixed_blocks(
 
 
 def write_json(path: str | Path, payload: dict[str, Any]) -> None:
-    """Write `payload` to `path` as indented JSON, through a temporary file (a kill never leaves half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(path.suffix + ".partial")
-    partial.write_text(json.dumps(payload, indent=1) + "\n")
-    partial.replace(path)
+    """Write `payload` to `path` as indented JSON, atomically (`runner.write_atomically`)."""
+    write_atomically(Path(path), json.dumps(payload, indent=1) + "\n")
 
 
 def summarize_fixed_blocks(rows: Sequence[dict[str, Any]], config: FixedBlocksConfig) -> list[dict[str, Any]]:
@@ -262,12 +259,6 @@ def summarize_fixed_blocks(rows: Sequence[dict[str, Any]], config: FixedBlocksCo
     return summary
 
 
-def _with_ci(value: float | None, ci: Sequence[float] | None, spec: str) -> str:
-    if value is None:
-        return "-"
-    return f"{value:{spec}}" + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else "")
-
-
 def render_fixed_blocks(results: dict[str, Any]) -> str:
     """Return the summary of a fixed-blocks results dict as a markdown table."""
     contexts = results["contexts"]
@@ -283,9 +274,8 @@ def render_fixed_blocks(results: dict[str, Any]) -> str:
     for row in results["summary"]:
         lines.append(
             f"| {row['method']} | {row['gamma']} | {row['paths']} | {row['expected_accepted']:.3f} "
-            f"| {_with_ci(row['block_efficiency'], row['block_efficiency_ci95'], '.3f')} "
-            f"| {_with_ci(row['vs_sd'], row['vs_sd_ci95'], '.3f')} "
-            f"| {_with_ci(row['vs_bv'], row['vs_bv_ci95'], '.3f')} "
+            f"| {with_ci(row, 'block_efficiency', '.3f')} | {with_ci(row, 'vs_sd', '.3f')} "
+            f"| {with_ci(row, 'vs_bv', '.3f')} "
             f"| {row['law_ms_per_round']:.1f} |"
         )
     return "\n".join(lines) + "\n"

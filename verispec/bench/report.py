@@ -75,7 +75,7 @@ def full_columns(compare_to: str | None = None) -> list[Column]:
     return [*FULL_COLUMNS[:at], *versus, *FULL_COLUMNS[at:]]
 
 
-def _with_ci(row: dict[str, Any], key: str, spec: str, count: bool = False, suffix: str = "") -> str:
+def with_ci(row: dict[str, Any], key: str, spec: str, count: bool = False, suffix: str = "") -> str:
     """Return `value [lo, hi]` (and `, n = prompts` with `count`) of an aggregate with a 95% interval."""
     value, ci = row.get(key), row.get(f"{key}_ci95")
     if value is None:
@@ -88,10 +88,10 @@ def _with_ci(row: dict[str, Any], key: str, spec: str, count: bool = False, suff
 QUALITY_COLUMNS: list[Column] = [
     ("method", lambda r: str(r["method"])),
     ("scored prompts", lambda r: str(r.get("quality_prompts") or 0)),
-    ("NLL/token [95% CI]", lambda r: _with_ci(r, "nll_per_token", ".3f")),
-    ("perplexity [95% CI]", lambda r: _with_ci(r, "ppl", ".2f")),
-    ("ROUGE-L vs ar [95% CI]", lambda r: _with_ci(r, "rouge_l_vs_ar", ".3f", count=True)),
-    ("ROUGE-L vs reference [95% CI]", lambda r: _with_ci(r, "rouge_l_vs_reference", ".3f", count=True)),
+    ("NLL/token [95% CI]", lambda r: with_ci(r, "nll_per_token", ".3f")),
+    ("perplexity [95% CI]", lambda r: with_ci(r, "ppl", ".2f")),
+    ("ROUGE-L vs ar [95% CI]", lambda r: with_ci(r, "rouge_l_vs_ar", ".3f", count=True)),
+    ("ROUGE-L vs reference [95% CI]", lambda r: with_ci(r, "rouge_l_vs_reference", ".3f", count=True)),
     ("GFLOPs/token", lambda r: _fmt(r.get("flops_per_token") and r["flops_per_token"] / 1e9, ".4g")),
     ("decode GFLOPs/token", lambda r: _fmt(r.get("flops_per_token_decode") and r["flops_per_token_decode"] / 1e9,
                                            ".4g")),
@@ -215,13 +215,13 @@ def _efficiency_columns(compare_to: str | None) -> list[Column]:
     columns: list[Column] = [
         ("method", lambda r: str(r["method"])),
         ("prompts", lambda r: str(r["prompts"])),
-        ("ms/token [95% CI]", lambda r: _with_ci(_in_ms(r, "seconds_per_token"), "seconds_per_token", ".1f")),
-        ("tokens/target call [95% CI]", lambda r: _with_ci(r, "tokens_per_target_call", ".2f")),
+        ("ms/token [95% CI]", lambda r: with_ci(_in_ms(r, "seconds_per_token"), "seconds_per_token", ".1f")),
+        ("tokens/target call [95% CI]", lambda r: with_ci(r, "tokens_per_target_call", ".2f")),
     ]
     if compare_to is not None:
         columns += [
-            (f"tokens/target call vs {compare_to} [95% CI]", lambda r: _with_ci(r, "block_efficiency_vs", ".3f")),
-            (f"speedup vs {compare_to} [95% CI]", lambda r: _with_ci(r, "speedup_vs", ".2f", suffix="x")),
+            (f"tokens/target call vs {compare_to} [95% CI]", lambda r: with_ci(r, "block_efficiency_vs", ".3f")),
+            (f"speedup vs {compare_to} [95% CI]", lambda r: with_ci(r, "speedup_vs", ".2f", suffix="x")),
         ]
     columns += [
         (" / ".join(TIME_PARTS) + " ms/token", _time_split),

@@ -239,7 +239,8 @@ def load_resumable(out_path: Path, config: BenchConfig, prompts: list[Prompt]) -
     return [r for r in records if r["prompt_index"] in done], list(saved.get("runs", []))
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
+    """Write `text` to `path` through a scratch file, so a run stopped mid-write never leaves half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = path.with_name(path.name + ".partial")
     scratch.write_text(text)
@@ -328,9 +329,9 @@ def run_bench(
         records.extend(batch)
         run["prompts"].append(index)
         if out_path is not None:
-            _write_atomically(out_path, json.dumps(result(), indent=1))
+            write_atomically(out_path, json.dumps(result(), indent=1))
     bar.close()
     final = result()
     if out_path is not None and not todo:
-        _write_atomically(out_path, json.dumps(final, indent=1))
+        write_atomically(out_path, json.dumps(final, indent=1))
     return final
