@@ -22,6 +22,7 @@ from statistics import fmean
 from typing import Any
 
 from verispec.bench.metrics import alpha_estimate, efficiency
+from verispec.bench.report import fmt, in_ms, with_ci
 
 RESAMPLES, SEED = 2000, 0
 
@@ -44,19 +45,6 @@ def display(method: str) -> str:
 def single_path(gamma: int) -> str:
     """Return the BV label at draft length γ: the comparison for every method with that γ."""
     return f"bv:gamma={gamma}"
-
-
-def fmt(value: float | None, digits: int, suffix: str = "") -> str:
-    """Return `value` rounded, or '-' when None."""
-    return "-" if value is None else f"{value:.{digits}f}{suffix}"
-
-
-def with_ci(value: float | None, ci: Sequence[float] | None, digits: int, scale: float = 1.0, suffix: str = "") -> str:
-    """Return `value [low, high]` scaled, or '-' when None."""
-    if value is None:
-        return "-"
-    text = fmt(value * scale, digits, suffix)
-    return text if ci is None else f"{text} [{ci[0] * scale:.{digits}f}, {ci[1] * scale:.{digits}f}]"
 
 
 def versus(records: list[dict[str, Any]], method: str, other: str, resamples: int = RESAMPLES) -> dict[str, Any]:
@@ -87,19 +75,19 @@ def method_table(records: list[dict[str, Any]], methods: list[str]) -> list[str]
         family, _, gamma = parse_label(method)
         if gamma and method != single_path(gamma):
             same = versus(records, method, single_path(gamma))
-            block_vs = with_ci(same["block_efficiency_vs"], same["block_efficiency_vs_ci95"], 3)
-            speed_vs = with_ci(same["speedup_vs"], same["speedup_vs_ci95"], 2, suffix="x")
+            block_vs = with_ci(same, "block_efficiency_vs", ".3f")
+            speed_vs = with_ci(same, "speedup_vs", ".2f", suffix="x")
         else:
             block_vs, speed_vs = ("1.000", "1.00x") if gamma else ("-", "-")
         alpha = alpha_estimate([r for r in records if r["method"] == method]) if gamma else None
-        split = " / ".join(fmt(row[f"{part}_seconds_per_token"] * 1e3, 1) for part in ("draft", "target", "verify"))
+        split = " / ".join(fmt(row[f"{part}_seconds_per_token"] * 1e3, ".1f") for part in ("draft", "target", "verify"))
         lines.append(" | ".join([
             f"| {display(method)}",
-            with_ci(row["seconds_per_token"], row["seconds_per_token_ci95"], 1, scale=1e3),
-            with_ci(row["tokens_per_target_call"], row["tokens_per_target_call_ci95"], 2),
-            fmt(alpha, 3), block_vs, speed_vs,
-            with_ci(row["speedup_vs"], row["speedup_vs_ci95"], 2, suffix="x"),
-            split, fmt(row["tokens_per_target_pass"], 1),
+            with_ci(in_ms(row, "seconds_per_token"), "seconds_per_token", ".1f"),
+            with_ci(row, "tokens_per_target_call", ".2f"),
+            fmt(alpha, ".3f"), block_vs, speed_vs,
+            with_ci(row, "speedup_vs", ".2f", suffix="x"),
+            split, fmt(row["tokens_per_target_pass"], ".1f"),
         ]) + " |")
     return lines
 
@@ -113,8 +101,8 @@ def bv_against_sd(records: list[dict[str, Any]], methods: list[str]) -> list[str
             continue
         row = versus(records, single_path(gamma), sd)
         lines.append(f"- BV vs SD at γ = {gamma}: block efficiency "
-                     f"{with_ci(row['block_efficiency_vs'], row['block_efficiency_vs_ci95'], 3)}, "
-                     f"speed {with_ci(row['speedup_vs'], row['speedup_vs_ci95'], 2, suffix='x')}")
+                     f"{with_ci(row, 'block_efficiency_vs', '.3f')}, "
+                     f"speed {with_ci(row, 'speedup_vs', '.2f', suffix='x')}")
     return lines
 
 
@@ -127,10 +115,10 @@ def category_table(records: list[dict[str, Any]], methods: list[str]) -> list[st
     for category, _ in Counter(r["category"] for r in records if r["method"] == "ar").most_common():
         mine = [r for r in records if r["category"] == category]
         cells = [category, str(len({r["prompt_index"] for r in mine}))]
-        cells += [fmt(alpha_estimate([r for r in mine if r["method"] == single_path(g)]), 2) for g in gammas]
+        cells += [fmt(alpha_estimate([r for r in mine if r["method"] == single_path(g)]), ".2f") for g in gammas]
         for method in gbv:
             row = versus(mine, method, single_path(parse_label(method)[2]), resamples=1)  # the ratio only
-            cells.append(fmt(row["block_efficiency_vs"], 2))
+            cells.append(fmt(row["block_efficiency_vs"], ".2f"))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

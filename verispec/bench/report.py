@@ -21,7 +21,8 @@ from verispec.errors import ConfigError
 Column = tuple[str, Callable[[dict[str, Any]], str]]
 
 
-def _fmt(value: Any, spec: str, suffix: str = "") -> str:
+def fmt(value: Any, spec: str, suffix: str = "") -> str:
+    """Return `value` formatted with `spec` and `suffix`, or '-' when it is None."""
     return "-" if value is None else format(value, spec) + suffix
 
 
@@ -34,10 +35,10 @@ def _ci(row: dict[str, Any], key: str = "speedup") -> str:
 COMPACT_COLUMNS: list[Column] = [
     ("method", lambda r: str(r["method"])),
     ("tokens", lambda r: str(r["tokens"])),
-    ("tokens/s", lambda r: _fmt(r["tokens_per_second"], ".2f")),
-    ("speedup", lambda r: _fmt(r["speedup"], ".2f", "x")),
-    ("acceptance", lambda r: _fmt(r["acceptance_rate"], ".3f")),
-    ("tokens/target call", lambda r: _fmt(r["tokens_per_target_call"], ".2f")),
+    ("tokens/s", lambda r: fmt(r["tokens_per_second"], ".2f")),
+    ("speedup", lambda r: fmt(r["speedup"], ".2f", "x")),
+    ("acceptance", lambda r: fmt(r["acceptance_rate"], ".3f")),
+    ("tokens/target call", lambda r: fmt(r["tokens_per_target_call"], ".2f")),
 ]
 
 # The full table of `verispec report`.
@@ -45,19 +46,19 @@ FULL_COLUMNS: list[Column] = [
     ("method", lambda r: str(r["method"])),
     ("prompts", lambda r: str(r["prompts"])),
     ("tokens", lambda r: str(r["tokens"])),
-    ("ms/token", lambda r: _fmt(r["seconds_per_token"] and 1000 * r["seconds_per_token"], ".1f")),
-    ("speedup", lambda r: _fmt(r["speedup"], ".2f", "x")),
+    ("ms/token", lambda r: fmt(r["seconds_per_token"] and 1000 * r["seconds_per_token"], ".1f")),
+    ("speedup", lambda r: fmt(r["speedup"], ".2f", "x")),
     ("95% CI", _ci),
-    ("tokens/target call", lambda r: _fmt(r["tokens_per_target_call"], ".2f")),
-    ("acceptance", lambda r: _fmt(r["acceptance_rate"], ".3f")),
-    ("α", lambda r: _fmt(r["alpha"], ".3f")),
-    ("mean τ", lambda r: _fmt(r["mean_accepted"], ".2f")),
-    ("target calls/token", lambda r: _fmt(r["target_calls_per_token"], ".3f")),
-    ("draft calls/token", lambda r: _fmt(r["draft_calls_per_token"], ".3f")),
-    ("c", lambda r: _fmt(r.get("cost_draft_c"), ".3f")),
-    ("f", lambda r: _fmt(r.get("cost_block_f"), ".2f")),
-    ("theoretical speedup", lambda r: _fmt(r.get("theoretical_speedup"), ".2f", "x")),
-    ("same tokens as baseline", lambda r: _fmt(r.get("same_tokens_as_baseline"), ".0%")),
+    ("tokens/target call", lambda r: fmt(r["tokens_per_target_call"], ".2f")),
+    ("acceptance", lambda r: fmt(r["acceptance_rate"], ".3f")),
+    ("α", lambda r: fmt(r["alpha"], ".3f")),
+    ("mean τ", lambda r: fmt(r["mean_accepted"], ".2f")),
+    ("target calls/token", lambda r: fmt(r["target_calls_per_token"], ".3f")),
+    ("draft calls/token", lambda r: fmt(r["draft_calls_per_token"], ".3f")),
+    ("c", lambda r: fmt(r.get("cost_draft_c"), ".3f")),
+    ("f", lambda r: fmt(r.get("cost_block_f"), ".2f")),
+    ("theoretical speedup", lambda r: fmt(r.get("theoretical_speedup"), ".2f", "x")),
+    ("same tokens as baseline", lambda r: fmt(r.get("same_tokens_as_baseline"), ".0%")),
 ]
 
 
@@ -68,7 +69,7 @@ def full_columns(compare_to: str | None = None) -> list[Column]:
         return FULL_COLUMNS
     key = f"speedup_vs_{compare_to}"
     versus: list[Column] = [
-        (f"vs {compare_to}", lambda r: _fmt(r.get(key), ".2f", "x")),
+        (f"vs {compare_to}", lambda r: fmt(r.get(key), ".2f", "x")),
         (f"95% CI vs {compare_to}", lambda r: _ci(r, key)),
     ]
     at = [header for header, _ in FULL_COLUMNS].index("95% CI") + 1
@@ -92,11 +93,11 @@ QUALITY_COLUMNS: list[Column] = [
     ("perplexity [95% CI]", lambda r: with_ci(r, "ppl", ".2f")),
     ("ROUGE-L vs ar [95% CI]", lambda r: with_ci(r, "rouge_l_vs_ar", ".3f", count=True)),
     ("ROUGE-L vs reference [95% CI]", lambda r: with_ci(r, "rouge_l_vs_reference", ".3f", count=True)),
-    ("GFLOPs/token", lambda r: _fmt(r.get("flops_per_token") and r["flops_per_token"] / 1e9, ".4g")),
-    ("decode GFLOPs/token", lambda r: _fmt(r.get("flops_per_token_decode") and r["flops_per_token_decode"] / 1e9,
+    ("GFLOPs/token", lambda r: fmt(r.get("flops_per_token") and r["flops_per_token"] / 1e9, ".4g")),
+    ("decode GFLOPs/token", lambda r: fmt(r.get("flops_per_token_decode") and r["flops_per_token_decode"] / 1e9,
                                            ".4g")),
-    ("η_FP", lambda r: _fmt(r.get("eta_fp"), ".3f")),
-    ("η_TP", lambda r: _fmt(r.get("eta_tp"), ".3f")),
+    ("η_FP", lambda r: fmt(r.get("eta_fp"), ".3f")),
+    ("η_TP", lambda r: fmt(r.get("eta_tp"), ".3f")),
     ("verifier tokens", lambda r: str(r.get("verifier_tokens") or "-")),
 ]
 
@@ -117,19 +118,19 @@ SPRINTER_COLUMNS: list[Column] = [
     ("method", lambda r: str(r["method"])),
     ("rounds (natural)", lambda r: f"{r['rounds']} ({r['natural_rounds']})"),
     ("cap", lambda r: str(r["cap"])),
-    ("π", lambda r: _fmt(r["pi"], ".3f")),
-    ("α (acceptable)", lambda r: _fmt(r["alpha"], ".3f")),
-    ("η_TP", lambda r: _fmt(r["eta_tp"], ".3f")),
-    ("η_FP", lambda r: _fmt(r["eta_fp"], ".3f")),
-    ("pass rate", lambda r: _fmt(r["pass_rate"], ".3f")),
-    ("T measured", lambda r: _fmt(r["run_length"], ".2f")),
-    ("E[T] predicted", lambda r: _fmt(r["run_length_predicted"], ".2f")),
-    ("N measured", lambda r: _fmt(r["tokens_per_round"], ".2f")),
-    ("E[N] predicted", lambda r: _fmt(r["tokens_per_round_predicted"], ".2f")),
-    ("error autocorrelation", lambda r: _fmt(r["error_autocorrelation"], ".3f")),
-    ("TV(p, q)", lambda r: _fmt(r.get("tv_pq"), ".3f")),
-    ("TV(out, p) measured", lambda r: _fmt(r.get("tv_out"), ".4f")),
-    ("η_FP·TV(p, q) predicted", lambda r: _fmt(r.get("tv_out_predicted"), ".4f")),
+    ("π", lambda r: fmt(r["pi"], ".3f")),
+    ("α (acceptable)", lambda r: fmt(r["alpha"], ".3f")),
+    ("η_TP", lambda r: fmt(r["eta_tp"], ".3f")),
+    ("η_FP", lambda r: fmt(r["eta_fp"], ".3f")),
+    ("pass rate", lambda r: fmt(r["pass_rate"], ".3f")),
+    ("T measured", lambda r: fmt(r["run_length"], ".2f")),
+    ("E[T] predicted", lambda r: fmt(r["run_length_predicted"], ".2f")),
+    ("N measured", lambda r: fmt(r["tokens_per_round"], ".2f")),
+    ("E[N] predicted", lambda r: fmt(r["tokens_per_round_predicted"], ".2f")),
+    ("error autocorrelation", lambda r: fmt(r["error_autocorrelation"], ".3f")),
+    ("TV(p, q)", lambda r: fmt(r.get("tv_pq"), ".3f")),
+    ("TV(out, p) measured", lambda r: fmt(r.get("tv_out"), ".4f")),
+    ("η_FP·TV(p, q) predicted", lambda r: fmt(r.get("tv_out_predicted"), ".4f")),
 ]
 
 SPRINTER_NOTE = (
@@ -168,13 +169,13 @@ def render_sprinter_online(rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
 def _split_columns(baseline: str) -> list[Column]:
     return [
         ("method", lambda r: str(r["method"])),
-        ("prompt round share of time", lambda r: _fmt(r["prompt_round_share"], ".0%")),
-        ("decode-round ms/token", lambda r: _fmt(r["decode_seconds_per_token"] and
+        ("prompt round share of time", lambda r: fmt(r["prompt_round_share"], ".0%")),
+        ("decode-round ms/token", lambda r: fmt(r["decode_seconds_per_token"] and
                                                  1000 * r["decode_seconds_per_token"], ".1f")),
-        (f"decode-round speedup vs {baseline}", lambda r: _fmt(r["decode_speedup"], ".2f", "x")),
+        (f"decode-round speedup vs {baseline}", lambda r: fmt(r["decode_speedup"], ".2f", "x")),
         ("95% CI", lambda r: _ci(r, "decode_speedup")),
-        (f"whole-decode speedup vs {baseline}", lambda r: _fmt(r.get("speedup"), ".2f", "x")),
-        ("theoretical speedup", lambda r: _fmt(r.get("theoretical_speedup"), ".2f", "x")),
+        (f"whole-decode speedup vs {baseline}", lambda r: fmt(r.get("speedup"), ".2f", "x")),
+        ("theoretical speedup", lambda r: fmt(r.get("theoretical_speedup"), ".2f", "x")),
     ]
 
 
@@ -199,8 +200,8 @@ def render_decode_split(results: dict[str, Any], baseline: str) -> str:
     ])
 
 
-def _in_ms(row: dict[str, Any], key: str) -> dict[str, Any]:
-    """`row` with `key` and its interval in milliseconds instead of seconds."""
+def in_ms(row: dict[str, Any], key: str) -> dict[str, Any]:
+    """Return `row` with `key` and its 95% interval converted from seconds to milliseconds."""
     value, ci = row.get(key), row.get(f"{key}_ci95")
     return {**row, key: value and 1000 * value, f"{key}_ci95": ci and [1000 * x for x in ci]}
 
@@ -208,14 +209,14 @@ def _in_ms(row: dict[str, Any], key: str) -> dict[str, Any]:
 def _time_split(row: dict[str, Any]) -> str:
     """Milliseconds per token in each of `TIME_PARTS`, joined by ' / '."""
     per_token = (row[f"{part}_seconds_per_token"] for part in TIME_PARTS)
-    return " / ".join(_fmt(None if s is None else 1000 * s, ".1f") for s in per_token)
+    return " / ".join(fmt(None if s is None else 1000 * s, ".1f") for s in per_token)
 
 
 def _efficiency_columns(compare_to: str | None) -> list[Column]:
     columns: list[Column] = [
         ("method", lambda r: str(r["method"])),
         ("prompts", lambda r: str(r["prompts"])),
-        ("ms/token [95% CI]", lambda r: with_ci(_in_ms(r, "seconds_per_token"), "seconds_per_token", ".1f")),
+        ("ms/token [95% CI]", lambda r: with_ci(in_ms(r, "seconds_per_token"), "seconds_per_token", ".1f")),
         ("tokens/target call [95% CI]", lambda r: with_ci(r, "tokens_per_target_call", ".2f")),
     ]
     if compare_to is not None:
@@ -225,7 +226,7 @@ def _efficiency_columns(compare_to: str | None) -> list[Column]:
         ]
     columns += [
         (" / ".join(TIME_PARTS) + " ms/token", _time_split),
-        ("tokens per target pass", lambda r: _fmt(r["tokens_per_target_pass"], ".1f")),
+        ("tokens per target pass", lambda r: fmt(r["tokens_per_target_pass"], ".1f")),
     ]
     return columns
 
@@ -260,7 +261,7 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column] = COM
     """Return the aggregate rows as a markdown table with `columns` (header, formatter)."""
     lines = ["| " + " | ".join(h for h, _ in columns) + " |",
              "|---|" + "---:|" * (len(columns) - 1)]
-    lines += ["| " + " | ".join(fmt(r) for _, fmt in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(cell(r) for _, cell in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -431,14 +432,14 @@ def render_modelled(results: dict[str, Any], profile: Any, baseline: str, peer_p
     accelerator = profile.kind == KIND_MODELLED or (target is not None and target.device != "cpu")
     columns: list[Column] = [
         ("method", lambda r: str(r["method"])),
-        ("measured speedup", lambda r: _fmt(r["measured_speedup"], ".2f", "x")),
+        ("measured speedup", lambda r: fmt(r["measured_speedup"], ".2f", "x")),
         ("modelled ms/token", lambda r: _ms(r["modelled_seconds_per_token"])),
-        ("modelled speedup", lambda r: _fmt(r["modelled_speedup"], ".2f", "x")),
-        ("theoretical speedup at profile c, f", lambda r: _fmt(r["profile_theory"], ".2f", "x")),
+        ("modelled speedup", lambda r: fmt(r["modelled_speedup"], ".2f", "x")),
+        ("theoretical speedup at profile c, f", lambda r: fmt(r["profile_theory"], ".2f", "x")),
     ]
     if here:
         columns[1:1] = [("measured ms/token", lambda r: _ms(r["measured_seconds_per_token"]))]
-        columns += [("modelled / measured", lambda r: _fmt(r["model_over_measured"], ".3f"))]
+        columns += [("modelled / measured", lambda r: fmt(r["model_over_measured"], ".3f"))]
         columns += [(f"{part} ms/token measured / modelled", lambda r, p=part: _ms_pair(r, p))
                     for part in ("target", "draft", "verify", "other")]
     title = ("Modelled (measured profile) vs measured" if here else "Modelled (accelerator profile)" if accelerator
