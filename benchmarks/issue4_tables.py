@@ -65,6 +65,24 @@ def prompt_facts(records: list[dict[str, Any]]) -> str:
             f"{max(r['finished'] for r in records)}.")
 
 
+def run_speeds(records: list[dict[str, Any]], runs: list[dict[str, Any]]) -> str:
+    """Return one line giving `ar`'s ms/token in each run of the file, to show how fast each session's machine was.
+
+    A resumed run mixes machines; the ratios against BV and `ar` pair methods within a prompt (one machine), but the
+    absolute ms/token of a row blends the runs' speeds.
+    """
+    parts = []
+    for index, run in enumerate(runs):
+        ar = [r for r in records if r["run"] == index and r["method"] == "ar"]
+        if not ar:
+            continue
+        prompts = sorted(r["prompt_index"] for r in ar)
+        row = efficiency(ar, ["ar"], resamples=1)[0]  # the same ms/token as the table's, this run's prompts only
+        parts.append(f"run {index} (started {run['started']}, prompts {prompts[0]}-{prompts[-1]}): "
+                     f"{fmt(row['seconds_per_token'] * 1e3, '.0f')}")
+    return "`ar` ms/token by run: " + "; ".join(parts) + "."
+
+
 def method_table(records: list[dict[str, Any]], methods: list[str]) -> list[str]:
     """Return the markdown rows of the per-method table."""
     lines = ["| method | ms/token [95% CI] | block efficiency [95% CI] | α | block efficiency vs bv, same γ [95% CI] "
@@ -133,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         data = json.load(handle)
     records = [r for r in data["records"] if args.first is None or r["prompt_index"] < args.first]
     methods = list(data["config"]["methods"])
-    print(prompt_facts(records), "", *method_table(records, methods), "", *bv_against_sd(records, methods), "",
+    print(prompt_facts(records), "", run_speeds(records, data["runs"]), "", *method_table(records, methods), "", *bv_against_sd(records, methods), "",
           *category_table(records, methods), sep="\n")
 
 
