@@ -151,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         data = json.load(handle)
     records = [r for r in data["records"] if args.first is None or r["prompt_index"] < args.first]
     methods = list(data["config"]["methods"])
-    print(prompt_facts(records), "", run_speeds(records, data["runs"]), "", *method_table(records, methods), "", *bv_against_sd(records, methods), "",
+    print(prompt_facts(records), "", run_speeds(records, data["runs"]), "", *method_table(records, methods), "",
+          *bv_against_sd(records, methods), "",
           *category_table(records, methods), sep="\n")
 
 

@@ -24,7 +24,7 @@ PY=".venv/bin/python"
 DEV="spec-bench:../shared/data/spec_bench/dev.jsonl"
 SHORT=(writing roleplay reasoning math coding stem humanities translation qa math_reasoning)  # no RAG/summaries
 OUT=results/full
-ARCHIVE=benchmarks/results  # committed: `verispec archive pack RESULTS ARCHIVE` after a run stopped by hand
+ARCHIVE=benchmarks/results  # committed; rewritten by the bench after every prompt
 mkdir -p "$OUT" results/sprinter
 RUN=${1:?usage: benchmarks/run_full.sh RUN [UPTO]}
 N=128
@@ -33,12 +33,13 @@ bench() {  # bench NAME UPTO ARGS...: one resumable run into $OUT/NAME.json, wit
   local name=$1 upto=$2
   shift 2
   # $OUT is not committed and does not outlive the machine; the archive in $ARCHIVE (prompt texts left out) is.
-  # Resume from the archive when the results file is not here, and refresh the archive after the run.
+  # Resume from the archive when the results file is not here; the bench rewrites the archive after every prompt
+  # (--archive), so a session cut off mid-run still leaves every finished prompt in a file git tracks.
   if [ ! -f "$OUT/$name.json" ] && [ -f "$ARCHIVE/$name.json.gz" ]; then
     $V archive unpack "$ARCHIVE/$name.json.gz" "$OUT/$name.json"
   fi
-  $V bench "$@" --max-new-tokens "$N" --limit "$upto" --resume --no-progress --out "$OUT/$name.json" --report
-  $V archive pack "$OUT/$name.json" "$ARCHIVE/$name.json.gz"
+  $V bench "$@" --max-new-tokens "$N" --limit "$upto" --resume --no-progress --out "$OUT/$name.json" \
+    --archive "$ARCHIVE/$name.json.gz" --report
 }
 
 issue3_prompts() {  # issue3_prompts SOURCE: sets PROMPTS, issue 3's prompts (dev positions 100+, or HumanEval)

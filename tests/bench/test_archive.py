@@ -97,3 +97,43 @@ def test_an_unpacked_results_file_resumes_without_decoding_again(tiny_pair, sour
     assert resumed["records"][:4] == first["records"]
     assert [r["prompt_id"] for r in resumed["records"][4:]] == ["12", "12"]
     assert [run["prompts"] for run in resumed["runs"]] == [[0, 1], [2]]
+
+
+def test_bench_rewrites_the_archive_after_every_prompt_so_a_cut_off_run_keeps_it(tiny_pair, source, tmp_path,
+                                                                                  monkeypatch):
+    from verispec.bench import runner
+
+    decoder = Decoder(tiny_pair["target"], tiny_pair["partial"])
+    config = BenchConfig(prompts=source, methods=["ar", "sd"], max_new_tokens=4, warmup_tokens=0,
+                         bootstrap_resamples=20)
+    prompts = load_prompts(source)
+    original = runner.decode_one
+
+    def cut_off_at_the_third_prompt(decoder, config, method, prompt, index, *args, **kwargs):
+        if index == 2:
+            raise KeyboardInterrupt  # as when a session ends mid-run
+        return original(decoder, config, method, prompt, index, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "decode_one", cut_off_at_the_third_prompt)
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(config, tmp_path / "r.json", decoder=decoder, prompts=prompts, progress=False,
+                  archive_path=tmp_path / "kept" / "r.json.gz")
+    (tmp_path / "r.json").unlink()  # the results file does not outlive the machine; the archive does
+    unpack(tmp_path / "kept" / "r.json.gz", tmp_path / "r.json")
+    monkeypatch.setattr(runner, "decode_one", original)
+    resumed = run_bench(config, tmp_path / "r.json", decoder=decoder, prompts=prompts, progress=False, resume=True,
+                        archive_path=tmp_path / "kept" / "r.json.gz")
+    assert [r["prompt_id"] for r in resumed["records"]] == ["7", "7", "9", "9", "12", "12"]
+    assert [run["prompts"] for run in resumed["runs"]] == [[0, 1], [2]]
+    pack(tmp_path / "r.json", tmp_path / "packed.json.gz")
+    assert (tmp_path / "kept" / "r.json.gz").read_bytes() == (tmp_path / "packed.json.gz").read_bytes()
+    assert not list((tmp_path / "kept").glob("*.partial"))
+    with pytest.raises(ConfigError, match="archive .* results file"):
+        run_bench(config, None, decoder=decoder, prompts=prompts, progress=False, archive_path=tmp_path / "a.gz")
+
+
+def test_cli_bench_takes_an_archive_path():
+    from verispec.cli import build_parser
+
+    assert build_parser().parse_args(["bench", "--archive", "kept.json.gz"]).archive == "kept.json.gz"
+    assert build_parser().parse_args(["bench"]).archive is None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +70,19 @@ def pack(results_path: str | Path, archive_path: str | Path) -> None:
                                               for r in records)
     if not keyed:
         raise ConfigError(problem)
+    write_archive(results, archive_path)
+
+
+def write_archive(results: dict[str, Any], archive_path: str | Path) -> None:
+    """Write the archive of a results dict (records with their prompts' text) to `archive_path`, atomically."""
     payload = json.dumps(strip_prompts(results), indent=1).encode("utf-8")
-    Path(archive_path).parent.mkdir(parents=True, exist_ok=True)
-    with open(archive_path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", filename="", mtime=0) as out:
+    path = Path(archive_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(path.name + ".partial")
+    # The archive is what outlives the machine: a run killed mid-write must leave the previous archive whole.
+    with open(scratch, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", filename="", mtime=0) as out:
         out.write(payload)
+    os.replace(scratch, path)
 
 
 def unpack(archive_path: str | Path, results_path: str | Path) -> None:

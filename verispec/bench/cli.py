@@ -21,7 +21,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from verispec.bench.runner import BenchConfig, run_bench
 
     config = BenchConfig(**{f.name: getattr(args, f.name) for f in fields(BenchConfig)})
-    result = run_bench(config, args.out, progress=not args.no_progress, resume=args.resume)
+    result = run_bench(config, args.out, progress=not args.no_progress, resume=args.resume,
+                       archive_path=args.archive)
     n = len({r["prompt_index"] for r in result["records"]})
     print(f"\n{n} prompts from {config.prompts}, up to {config.max_new_tokens} new tokens, gamma={config.gamma}, "
           f"temperature={config.temperature}, {config.dtype} on {config.device}; baseline {config.baseline_method}")
@@ -202,6 +203,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--resume", action="store_true",
                    help="keep the prompts already complete in --out (same settings; --limit may grow) and run the "
                         "rest; the file is written after every prompt, so a stopped run loses at most one prompt")
+    g.add_argument("--archive", default=None, metavar="PATH.json.gz",
+                   help="also rewrite the compressed archive of --out (`verispec archive pack`: no prompt text, "
+                        "meant to be committed) after every prompt, so a run cut off keeps what it measured")
     g.add_argument("--report", action="store_true", help="also write the markdown report and the speedup plot")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_bench)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from verispec.api import Decoder
+from verispec.bench.archive import write_archive
 from verispec.bench.datasets import Prompt, load_prompts
 from verispec.bench.flops import add_flops
 from verispec.bench.metrics import summarize
@@ -254,11 +255,14 @@ def run_bench(
     prompts: list[Prompt] | None = None,
     progress: bool = True,
     resume: bool = False,
+    archive_path: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run every method on every prompt (interleaved, warm-up excluded); return the results and write them to
     `out_path` (None: don't) after each prompt. `decoder` and `prompts` override the models and prompts the config
     names. With `resume`, prompts already complete in `out_path` (same settings) are kept, not run again: a long
-    benchmark can stop and go on later; each record says in which `run` it was measured."""
+    benchmark can stop and go on later; each record says in which `run` it was measured. With `archive_path`, the
+    results' archive (`verispec.bench.archive`: compressed, prompt texts left out, meant to be committed) is
+    rewritten whenever the results file is, so a run cut off between prompts keeps all it measured in it."""
     from tqdm import tqdm
 
     if prompts is None:
@@ -268,6 +272,14 @@ def run_bench(
     out_path = Path(out_path) if out_path is not None else None
     if resume and out_path is None:
         raise ConfigError("resume needs a results file to resume from")
+    if archive_path is not None and out_path is None:
+        raise ConfigError("an archive is written beside a results file: give out_path too")
+
+    def save(results: dict[str, Any]) -> None:
+        if out_path is not None:
+            write_atomically(out_path, json.dumps(results, indent=1))
+        if archive_path is not None:
+            write_archive(results, archive_path)
     records, runs = load_resumable(out_path, config, prompts) if resume else ([], [])
     done = {r["prompt_index"] for r in records}
     todo = [i for i in range(len(prompts)) if i not in done]
@@ -328,10 +340,9 @@ def run_bench(
             quality_records(batch, decoder, config.chat_template, {index: prompt.reference})
         records.extend(batch)
         run["prompts"].append(index)
-        if out_path is not None:
-            write_atomically(out_path, json.dumps(result(), indent=1))
+        save(result())
     bar.close()
     final = result()
-    if out_path is not None and not todo:
-        write_atomically(out_path, json.dumps(final, indent=1))
+    if not todo:
+        save(final)
     return final
