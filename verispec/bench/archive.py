@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from verispec.bench.datasets import read_source
+from verispec.bench.files import write_atomically
 from verispec.errors import ConfigError
 
 
@@ -76,13 +77,11 @@ def pack(results_path: str | Path, archive_path: str | Path) -> None:
 def write_archive(results: dict[str, Any], archive_path: str | Path) -> None:
     """Write the archive of a results dict (records with their prompts' text) to `archive_path`, atomically."""
     payload = json.dumps(strip_prompts(results), indent=1).encode("utf-8")
-    path = Path(archive_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(path.name + ".partial")
-    # The archive is what outlives the machine: a run killed mid-write must leave the previous archive whole.
-    with open(scratch, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", filename="", mtime=0) as out:
+    compressed = io.BytesIO()
+    with gzip.GzipFile(fileobj=compressed, mode="wb", filename="", mtime=0) as out:
         out.write(payload)
-    os.replace(scratch, path)
+    # The archive is what outlives the machine: a run killed mid-write must leave the previous archive whole.
+    write_atomically(Path(archive_path), compressed.getvalue())
 
 
 def unpack(archive_path: str | Path, results_path: str | Path) -> None:

@@ -29,9 +29,10 @@ import torch
 
 from verispec.api import Decoder
 from verispec.bench.datasets import Prompt, load_prompts
+from verispec.bench.files import write_atomically
 from verispec.bench.metrics import bootstrap_ratio
 from verispec.bench.report import with_ci
-from verispec.bench.runner import git_state, machine_description, versions, write_atomically
+from verispec.bench.runner import git_state, machine_description, versions
 from verispec.drafting import draft_paths
 from verispec.engine import path_rows, tree_pass
 from verispec.errors import ConfigError
@@ -215,7 +216,7 @@ def run_fixed_blocks(
 
 
 def write_json(path: str | Path, payload: dict[str, Any]) -> None:
-    """Write `payload` to `path` as indented JSON, atomically (`runner.write_atomically`)."""
+    """Write `payload` to `path` as indented JSON, atomically (`files.write_atomically`)."""
     write_atomically(Path(path), json.dumps(payload, indent=1) + "\n")
 
 

@@ -31,6 +31,7 @@ import torch
 from verispec.api import Decoder
 from verispec.bench.archive import write_archive
 from verispec.bench.datasets import Prompt, load_prompts
+from verispec.bench.files import write_atomically
 from verispec.bench.flops import add_flops
 from verispec.bench.metrics import summarize
 from verispec.bench.peers import PEERS, peer_generate
@@ -238,14 +239,6 @@ def load_resumable(out_path: Path, config: BenchConfig, prompts: list[Prompt]) -
     done = {i for i in {r["prompt_index"] for r in records}
             if {r["method"] for r in records if r["prompt_index"] == i} == set(config.methods)}
     return [r for r in records if r["prompt_index"] in done], list(saved.get("runs", []))
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write `text` to `path` through a scratch file, so a run stopped mid-write never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(path.name + ".partial")
-    scratch.write_text(text)
-    os.replace(scratch, path)  # a run stopped mid-write never leaves a truncated results file
 
 
 def run_bench(
