@@ -273,6 +273,7 @@ def run_bench(
             write_atomically(out_path, json.dumps(results, indent=1))
         if archive_path is not None:
             write_archive(results, archive_path)
+
     records, runs = load_resumable(out_path, config, prompts) if resume else ([], [])
     done = {r["prompt_index"] for r in records}
     todo = [i for i in range(len(prompts)) if i not in done]
