@@ -6,9 +6,10 @@ pass), BV against token verification per γ, and per category α and GBV's block
 number comes from `verispec.bench.metrics` (the report's "Block efficiency and wall time" section compares against
 one method only; here each method is set against BV at its own γ).
 
-    .venv/bin/python benchmarks/issue4_tables.py results/full/issue4-T0.6.json [--first N]
+    .venv/bin/python benchmarks/issue4_tables.py results/full/issue4-T0.6.json [--first N] [--divergence]
 
-`--first N` keeps prompts 0..N-1 only (to reproduce a table written when the run had N prompts).
+`--first N` keeps prompts 0..N-1 only (to reproduce a table written when the run had N prompts). `--divergence`
+adds, per γ, where the seed-sharing SD and BV decodes of each prompt part ways and how each fares after (§4f).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from statistics import fmean
 from typing import Any
 
-from verispec.bench.metrics import alpha_estimate, efficiency
+from verispec.bench.metrics import alpha_estimate, efficiency, target_calls_and_tokens
 from verispec.bench.report import fmt, in_ms, with_ci
 
 RESAMPLES, SEED = 2000, 0
@@ -124,6 +125,62 @@ def bv_against_sd(records: list[dict[str, Any]], methods: list[str]) -> list[str
     return lines
 
 
+def first_different_round(mine: dict[str, Any], base: dict[str, Any]) -> int | None:
+    """Return the index of the round that emitted the first token where two decodes differ (None if they match).
+
+    Up to that round both decodes emitted the same tokens in the same rounds, so the index is the same in both.
+    """
+    a, b = mine["tokens"], base["tokens"]
+    if a == b:
+        return None
+    position = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    emitted = 0
+    for index, round_ in enumerate(mine["trace"]["rounds"]):
+        emitted += round_["emitted"]
+        if emitted > position:
+            return index
+    return len(mine["trace"]["rounds"])
+
+
+def mean_accepted_after(record: dict[str, Any], index: int) -> float | None:
+    """Return the mean accepted tokens τ over the rounds after round `index` (None when there are none)."""
+    later = [r["accepted"] for r in record["trace"]["rounds"][index + 1:]]
+    return fmean(later) if later else None
+
+
+def divergence_lines(records: list[dict[str, Any]], methods: list[str]) -> list[str]:
+    """Return one line per γ on SD and BV decoded with one seed: how many prompts' outputs match, BV/SD block
+    efficiency per prompt, and which method accepted more per round after the two parted."""
+    lines = []
+    for gamma in sorted({parse_label(m)[2] for m in methods if parse_label(m)[0] == "bv"}):
+        sd, bv = f"sd:gamma={gamma}", single_path(gamma)
+        if sd not in methods:
+            continue
+        by_prompt = {(r["method"], r["prompt_index"]): r for r in records if r["method"] in (sd, bv)}
+        prompts = sorted({index for _, index in by_prompt})
+        ratios, parted, bv_ahead, sd_ahead = [], [], 0, 0
+        for index in prompts:
+            mine, base = by_prompt[bv, index], by_prompt[sd, index]
+            calls, tokens = target_calls_and_tokens(mine["trace"])
+            base_calls, base_tokens = target_calls_and_tokens(base["trace"])
+            ratios.append((tokens / calls) / (base_tokens / base_calls))
+            where = first_different_round(mine, base)
+            if where is None:
+                continue
+            parted.append(ratios[-1])
+            after = mean_accepted_after(mine, where), mean_accepted_after(base, where)
+            if None not in after and after[0] != after[1]:
+                bv_ahead += after[0] > after[1]
+                sd_ahead += after[0] < after[1]
+        parted_range = f"{min(parted):.2f}-{max(parted):.2f}" if parted else "-"
+        lines.append(f"- SD and BV at γ = {gamma}: BV/SD block efficiency per prompt "
+                     f"{min(ratios):.2f}-{max(ratios):.2f}; outputs identical on {len(prompts) - len(parted)} of "
+                     f"{len(prompts)} prompts; on the {len(parted)} others BV/SD is {parted_range} "
+                     f"({sum(r < 1 for r in parted)} below 1), and the mean τ after the first differing round is "
+                     f"higher for BV on {bv_ahead}, for SD on {sd_ahead}")
+    return lines
+
+
 def category_table(records: list[dict[str, Any]], methods: list[str]) -> list[str]:
     """Return a markdown table per category: prompts, BV's α at each γ, and GBV/BV block efficiency per (K, γ)."""
     gbv = [m for m in methods if parse_label(m)[0] == "gbv"]
@@ -146,6 +203,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("results", help="a results file of `benchmarks/run_full.sh issue4-T*`")
     parser.add_argument("--first", type=int, default=None, help="keep prompts 0..N-1 only")
+    parser.add_argument("--divergence", action="store_true",
+                        help="also print where the seed-sharing SD and BV decodes part ways, per γ")
     args = parser.parse_args(argv)
     with open(args.results) as handle:
         data = json.load(handle)
@@ -154,6 +213,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(prompt_facts(records), "", run_speeds(records, data["runs"]), "", *method_table(records, methods), "",
           *bv_against_sd(records, methods), "",
           *category_table(records, methods), sep="\n")
+    if args.divergence:
+        print("", *divergence_lines(records, methods), sep="\n")
 
 
 if __name__ == "__main__":
