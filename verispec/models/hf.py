@@ -129,16 +129,23 @@ def load_pretrained(
     return model.to(device), tokenizer
 
 
-def save_converted(model: Any, tokenizer: Any, out_dir: Path) -> None:
-    """Save a (GGUF-dequantised) model and its tokenizer as safetensors into `out_dir`, atomically."""
+def save_converted(model: Any, tokenizer: Any, out_dir: Path, marker: dict[str, Any] | None = None) -> None:
+    """Save a (GGUF-dequantised) model and its tokenizer as safetensors into `out_dir`, atomically: written into a
+    unique scratch folder beside it, then renamed into place. With `marker`, the folder's marker file records it
+    plus the manifest (size and sha256) of every file, written before the rename (`verispec.models.manifest`)."""
+    from verispec.models.manifest import file_manifest, publish_folder, scratch_folder, write_marker
+
     # A GGUF-loaded model refuses to save while it still carries its quantizer (the weights are dequantised).
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.name_or_path = out_dir.name
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
+    scratch = scratch_folder(out_dir)
+    try:
+        model.save_pretrained(scratch, safe_serialization=True)
+        tokenizer.save_pretrained(scratch)
+        if marker is not None:
+            write_marker(scratch, {**marker, "files": file_manifest(scratch)})
+        publish_folder(scratch, out_dir)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
