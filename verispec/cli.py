@@ -86,7 +86,8 @@ def cmd_models(args: argparse.Namespace) -> int:
             print(f"  verified:  {'OK' if info['sha256_ok'] else 'MISMATCH ' + info['sha256_actual']}")
         print(f"  converted: {info['converted']}  present: {info['converted_present']}")
         if "converted_ok" in info or "converted_problem" in info:
-            print(f"  files:     {'OK' if info.get('converted_ok') else 'MISMATCH ' + info.get('converted_problem', '')}")
+            state = "OK" if info.get("converted_ok") else f"MISMATCH {info.get('converted_problem', '')}"
+            print(f"  files:     {state}")
     return 0
 
 
@@ -119,9 +120,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2), like verispec's own; subcommand parsers inherit it."""
+
+    def error(self, message: str):  # noqa: ANN201 (argparse's signature)
+        self.exit(2, f"verispec: error: {self.prog}: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the `verispec` command."""
-    parser = argparse.ArgumentParser(prog="verispec", description="Speculative decoding, measured.")
+    parser = _Parser(prog="verispec", description="Speculative decoding, measured.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("generate", help="generate text from one prompt")
@@ -160,13 +168,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the `verispec` command; return its exit status (2 on a user error, with a one-line message)."""
-    args = build_parser().parse_args(argv)
+    """Run the `verispec` command; return its exit status (2 on a user error, with a one-line message; 130 on
+    Ctrl-C)."""
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except VerispecError as exc:
         print(f"verispec: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line and the shell's code for SIGINT, no traceback
+        print(f"verispec: {str(exc) or 'interrupted'}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
