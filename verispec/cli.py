@@ -45,8 +45,15 @@ def _add_decode_options(parser: argparse.ArgumentParser) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     """Generate from one prompt; print the text, or the whole result with --json."""
     from verispec.api import Decoder
+    from verispec.inputs import check_prompt, decode_utf8
 
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.prompt == "-":
+        prompt = decode_utf8(sys.stdin.buffer.read(), "standard input", args.replace_invalid_utf8)
+    elif args.replace_invalid_utf8:  # undecodable argv bytes arrive as surrogates: back to bytes, then replaced
+        prompt = decode_utf8(args.prompt.encode("utf-8", "surrogateescape"), "the prompt", replace=True)
+    else:
+        prompt = args.prompt
+    check_prompt(prompt)  # before minutes of loading
     decoder = Decoder(
         args.target, args.draft, dtype=args.dtype, verifier=args.verifier, linear_backend=args.linear_backend,
         draft_dtype=args.draft_dtype,
@@ -137,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p)
     _add_decode_options(p)
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
+    p.add_argument("--replace-invalid-utf8", action="store_true",
+                   help="decode invalid UTF-8 in the prompt as U+FFFD instead of refusing it")
     p.add_argument("--json", action="store_true", help="print the text, tokens, config and whole trace as JSON")
     p.set_defaults(func=cmd_generate)
 

@@ -30,6 +30,7 @@ import torch
 
 from verispec.api import Decoder
 from verispec.errors import ConfigError
+from verispec.limits import check_context
 from verispec.sampling import SamplingConfig
 from verispec.trace import RoundTrace, Trace
 
@@ -172,6 +173,7 @@ def peer_generate(
     target = decoder.model("target")
     draft = decoder.model("draft") if method == "hf-assisted" else None
     prompt_ids = decoder.encode_prompt(prompt, chat_template)
+    check_context(len(prompt_ids), max_new_tokens, target, draft)
     eos = sorted(decoder.eos_token_ids("target"))
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)  # [1, P]
     kwargs: dict[str, Any] = dict(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -107,6 +108,26 @@ class HFCausalLM:
         self._tree = CacheTree.chain(0)
 
 
+# A Hugging Face hub id: "name" or "owner/name". Anything else that is not an existing path cannot be loaded.
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def check_model_spec(name_or_path: str) -> None:
+    """Raise ModelFilesError when `name_or_path` is a path with no model in it (a folder without config.json, a
+    plain file, a missing .gguf) or neither an existing path nor a hub id; cheap, so callers check before loading."""
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".gguf" and not path.is_file():
+        raise ModelFilesError(f"GGUF file not found: {path}")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ModelFilesError(f"the folder {path} holds no model: a model folder has a config.json beside the "
+                              f"weights and the tokenizer files")
+    if path.is_file() and path.suffix != ".gguf":
+        raise ModelFilesError(f"{path} is a file but not a model: give a model folder, a .gguf file or a hub id")
+    if not path.exists() and (not HUB_ID.match(name_or_path) or name_or_path.startswith(("~", "."))):
+        raise ModelFilesError(f"model not found: {name_or_path!r} is neither an existing file or folder nor a hub id "
+                              f"(like Qwen/Qwen2.5-Coder-0.5B-Instruct)")
+
+
 def load_pretrained(
     name_or_path: str, gguf_file: str | None = None, dtype: str | torch.dtype = "float32", device: str = "cpu"
 ) -> tuple[Any, Any]:
@@ -115,15 +136,15 @@ def load_pretrained(
 
     torch_dtype = parse_dtype(dtype)
     path = Path(name_or_path).expanduser()
+    if gguf_file is None:
+        check_model_spec(name_or_path)
     if gguf_file is None and path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelFilesError(f"GGUF file not found: {path}")
         name_or_path, gguf_file = str(path.parent), path.name
     kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, **kwargs)
-    except OSError as exc:  # transformers reports a missing model or file (or an offline hub) as OSError
+    except (OSError, ValueError) as exc:  # transformers: a missing model or file, an offline hub, a bad config
         where = f"{name_or_path!r}" + (f" ({gguf_file})" if gguf_file else "")
         raise ModelFilesError(f"cannot load model {where}: {exc}") from exc
     return model.to(device), tokenizer
