@@ -131,7 +131,13 @@ class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (exit 2), like verispec's own; subcommand parsers inherit it."""
 
     def error(self, message: str):  # noqa: ANN201 (argparse's signature)
-        self.exit(2, f"verispec: error: {self.prog}: {message} (see --help)\n")
+        _say(f"error: {self.prog}: {message} (see --help)")
+        self.exit(2)
+
+
+def _say(message: str) -> None:
+    """Print one `verispec: ...` line on stderr; undecodable argv bytes (lone surrogates) are shown escaped."""
+    print(f"verispec: {message}".encode("utf-8", "backslashreplace").decode("utf-8"), file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,10 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return args.func(args)
     except VerispecError as exc:
-        print(f"verispec: error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}")
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C: one line and the shell's code for SIGINT, no traceback
-        print(f"verispec: {str(exc) or 'interrupted'}", file=sys.stderr)
+        _say(str(exc) or "interrupted")
         return 130
 
 
