@@ -108,3 +108,12 @@ def test_tiny_temperature_runs_as_the_greedy_limit(tiny_folder, capsys):
     assert main(["generate", "hello", "--method", "ar", *models]) == 0
     greedy = __import__("json").loads(capsys.readouterr().out)
     assert tiny["tokens"] == greedy["tokens"]
+
+
+def test_compare_prompt_file_errors_are_one_line(tmp_path, capsys):
+    assert main(["compare", "--prompts", str(tmp_path / "missing.txt")]) == 2
+    one_error_line(capsys.readouterr().err, "prompt file not found")
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(INVALID)
+    assert main(["compare", "--prompts", str(bad)]) == 2
+    one_error_line(capsys.readouterr().err, "byte 22")

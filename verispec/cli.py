@@ -117,7 +117,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         draft_dtype=args.draft_dtype,
     )
     if args.prompts:
-        config.prompts = [line for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+        from verispec.bench.datasets import read_source
+
+        config.prompts = [prompt.text for prompt in read_source(args.prompts)]
     result = run_compare(config, Path(args.out))
     machine = result["machine"]
     print(f"\n{len(config.prompts)} prompts x {config.max_new_tokens} new tokens, gamma={config.gamma}, "

@@ -8,6 +8,7 @@ import copy
 import gzip
 import json
 import random
+from functools import partial
 
 import pytest
 
@@ -80,12 +81,12 @@ def test_mutated_and_truncated_results_files_are_read_or_refused_in_one_line(val
         archive = tmp_path / f"case{case}.json.gz"
         archive.write_bytes(gzip.compress(text.encode()))
         readers = {
-            "pack": lambda: pack(path, tmp_path / "packed.json.gz"),
-            "unpack": lambda: unpack(archive, tmp_path / "unpacked.json"),
-            "resume": lambda: load_resumable(path, config, PROMPTS),
+            "pack": partial(pack, path, tmp_path / "packed.json.gz"),
+            "unpack": partial(unpack, archive, tmp_path / "unpacked.json"),
+            "resume": partial(load_resumable, path, config, PROMPTS),
         }
         if case < REPORTED:
-            readers["report"] = lambda: write_report(path, tmp_path / "r.md", tmp_path / "r.png")
+            readers["report"] = partial(write_report, path, tmp_path / "r.md", tmp_path / "r.png")
         for name, read in readers.items():
             try:
                 seen.add((name, outcome(read)))
