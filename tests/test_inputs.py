@@ -117,3 +117,16 @@ def test_compare_prompt_file_errors_are_one_line(tmp_path, capsys):
     bad.write_bytes(INVALID)
     assert main(["compare", "--prompts", str(bad)]) == 2
     one_error_line(capsys.readouterr().err, "byte 22")
+
+
+def test_a_truncated_model_folder_is_named_before_loading(tiny_folder, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "truncated"
+    shutil.copytree(tiny_folder, copy)
+    weights = copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    with pytest.raises(ModelFilesError, match=r"model\.safetensors.*truncated"):
+        Decoder(str(copy))
+    assert main(["generate", "hi", "--target", str(copy)]) == 2
+    one_error_line(capsys.readouterr().err, "model.safetensors")

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from verispec.errors import ConfigError, ModelFilesError
+from verispec.models.manifest import safetensors_problem
 from verispec.models.protocol import ForwardOutput
 from verispec.models.tree import CacheTree
 
@@ -123,6 +125,8 @@ def check_model_spec(name_or_path: str) -> None:
                               f"weights and the tokenizer files")
     if path.is_file() and path.suffix != ".gguf":
         raise ModelFilesError(f"{path} is a file but not a model: give a model folder, a .gguf file or a hub id")
+    if path.is_dir() and (problem := safetensors_problem(path)):
+        raise ModelFilesError(f"cannot load the model in {path}: {problem}")  # e.g. a truncated download
     if not path.exists() and (not HUB_ID.match(name_or_path) or name_or_path.startswith(("~", "."))):
         raise ModelFilesError(f"model not found: {name_or_path!r} is neither an existing file or folder nor a hub id "
                               f"(like Qwen/Qwen2.5-Coder-0.5B-Instruct)")
@@ -144,7 +148,7 @@ def load_pretrained(
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, **kwargs)
-    except (OSError, ValueError) as exc:  # transformers: a missing model or file, an offline hub, a bad config
+    except (OSError, ValueError, SafetensorError) as exc:  # a missing model or file, an offline hub, a bad config
         where = f"{name_or_path!r}" + (f" ({gguf_file})" if gguf_file else "")
         raise ModelFilesError(f"cannot load model {where}: {exc}") from exc
     return model.to(device), tokenizer

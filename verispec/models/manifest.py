@@ -63,7 +63,8 @@ def manifest_problem(folder: Path, manifest: dict[str, Any], checksum: bool = Fa
 
 def safetensors_problem(folder: Path) -> str | None:
     """Return the first safetensors file in `folder` whose length differs from what its header promises, or that
-    has no readable header; None when all are whole (the check for folders without a manifest)."""
+    has no readable header; None when all are whole (the check for folders without a manifest; reads headers
+    only)."""
     for path in sorted(folder.glob("*.safetensors")):
         size = path.stat().st_size
         try:
@@ -77,8 +78,6 @@ def safetensors_problem(folder: Path) -> str | None:
             return f"{path} is not a readable safetensors file ({exc})"
         if size != 8 + header_len + end:
             return f"{path} has {size} bytes, its header describes {8 + header_len + end} (truncated?)"
-    if not any(folder.glob("*.safetensors")):
-        return f"{folder} holds no model.safetensors"
     return None
 
 
@@ -143,7 +142,11 @@ def check_folder(folder: Path, checksum: bool = False) -> None:
     """Raise ModelFilesError naming the first file of a cached model folder that is missing, truncated or (with
     `checksum`) corrupt. Folders without a manifest get the structural safetensors check."""
     marker = read_marker(folder) or {}
-    problem = (manifest_problem(folder, marker["files"], checksum) if "files" in marker
-               else safetensors_problem(folder))
+    if "files" in marker:
+        problem = manifest_problem(folder, marker["files"], checksum)
+    elif not any(folder.glob("*.safetensors")):
+        problem = f"{folder} holds no model.safetensors"
+    else:
+        problem = safetensors_problem(folder)
     if problem:
         raise ModelFilesError(f"the cached model is damaged: {problem}; {REBUILD_HINT}")
