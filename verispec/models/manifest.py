@@ -1,10 +1,10 @@
 """What a cached model folder should hold: the size and sha256 of every file, recorded when it is written.
 
-Loading checks the sizes (a stat per file: free), `verispec models --verify` and `verispec setup` the checksums
-(they read every byte). Folders written before manifests existed are checked structurally instead: each
-safetensors file must be as long as its own header says (`check_safetensors_lengths`), which catches truncation.
-Writes go to a unique temporary name in the same folder and are renamed into place, and a file lock
-(`cache_lock`) serialises the processes that write one cache entry.
+Loading and `verispec setup` check the sizes (a stat per file: free), `verispec models --verify` and `verispec setup
+--verify` the checksums (they read every byte, some GB for the default pair). Folders written before manifests
+existed are checked structurally instead: each safetensors file must be as long as its own header says
+(`safetensors_problem`), which catches truncation. Writes go to a unique temporary name in the same folder and
+are renamed into place, and a file lock (`cache_lock`) serialises the processes that write one cache entry.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any
 from verispec.errors import ModelFilesError
 
 MARKER = "verispec.json"  # the folder's record: where it came from and, under "files", its manifest
-REBUILD_HINT = "run `verispec setup` to rebuild it"
 
 
 def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
@@ -149,4 +148,5 @@ def check_folder(folder: Path, checksum: bool = False) -> None:
     else:
         problem = safetensors_problem(folder)
     if problem:
-        raise ModelFilesError(f"the cached model is damaged: {problem}; {REBUILD_HINT}")
+        rebuild = "verispec setup --verify" if checksum else "verispec setup"
+        raise ModelFilesError(f"the cached model is damaged: {problem}; run `{rebuild}` to rebuild it")
