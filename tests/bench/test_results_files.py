@@ -160,3 +160,15 @@ def test_pack_and_resume_of_a_wrong_shape_are_one_line(tmp_path, tiny_folder, ca
     one_error_line(capsys.readouterr().err, str(path))
     assert main(bench_argv(tiny_folder, prompts_file(tmp_path), path, "--resume")) == 2
     one_error_line(capsys.readouterr().err, str(path))
+
+
+def test_atomic_writes_keep_the_usual_file_mode(tmp_path):
+    from verispec.bench.files import write_atomically
+
+    umask = os.umask(0o022)
+    try:
+        write_atomically(tmp_path / "r.json", "{}")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]

@@ -11,19 +11,20 @@ from pathlib import Path
 from typing import Any
 
 from verispec.errors import ConfigError, VerispecError
+from verispec.models.manifest import scratch_file
 
 
 def write_atomically(path: Path, data: str | bytes) -> None:
     """Write `data` (text or bytes) to `path` through a unique scratch file in the same folder, renamed over it, so
     a run stopped mid-write leaves the previous file whole (and two writers never share a scratch file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    fd, scratch = scratch_file(path)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data if isinstance(data, bytes) else data.encode("utf-8"))
         os.replace(scratch, path)
     except BaseException:  # an error or Ctrl-C mid-write: the old file stays, the scratch file goes
-        Path(scratch).unlink(missing_ok=True)
+        scratch.unlink(missing_ok=True)
         raise
 
 

@@ -14,7 +14,6 @@ import importlib.util
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from verispec.models.manifest import (
     check_folder,
     file_manifest,
     read_marker,
+    scratch_file,
     sha256_file,
     write_marker,
 )
@@ -128,8 +128,7 @@ def assemble(model: EmbeddedModel, force: bool = False) -> Path:
         out.unlink()
     parts = part_paths(model)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=out.parent, prefix=out.name + ".", suffix=".partial")
-    tmp = Path(name)
+    fd, tmp = scratch_file(out)
     try:
         with os.fdopen(fd, "wb") as dst:
             for part in parts:

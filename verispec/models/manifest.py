@@ -89,9 +89,19 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
     return marker if isinstance(marker, dict) else None
 
 
+def scratch_file(path: Path) -> tuple[int, Path]:
+    """Return (open descriptor, path) of a new, uniquely named file beside `path`, to write and then `os.replace`
+    over it. Its mode is what a plain `open` would give (mkstemp's own is owner-only)."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+    return fd, Path(name)
+
+
 def write_marker(folder: Path, record: dict[str, Any]) -> None:
     """Write the marker record atomically (a unique temporary file renamed over it)."""
-    fd, scratch = tempfile.mkstemp(dir=folder, prefix=f".{MARKER}.", suffix=".partial")
+    fd, scratch = scratch_file(folder / MARKER)
     with os.fdopen(fd, "w") as handle:
         handle.write(json.dumps(record))
     os.replace(scratch, folder / MARKER)
