@@ -39,3 +39,12 @@ def tiny_pair(tokenizer):
         "unrelated": HFCausalLM(tiny_qwen2(vocab, seed=2), tokenizer, name="tiny-unrelated"),
         "partial": HFCausalLM(perturb(copy.deepcopy(target), 0.03, seed=3), tokenizer, name="tiny-partial"),
     }
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tiny_pair, tmp_path_factory):
+    """The tiny target saved as a model folder, for tests that go through `--target FOLDER` like a user."""
+    folder = tmp_path_factory.mktemp("tiny-model") / "target"
+    tiny_pair["target"].model.save_pretrained(folder)
+    tiny_pair["target"].tokenizer.save_pretrained(folder)
+    return folder

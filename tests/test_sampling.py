@@ -60,3 +60,15 @@ def test_sampling_is_reproducible_with_a_generator():
 def test_invalid_settings_raise(kwargs, field):
     with pytest.raises(ConfigError, match=field):
         SamplingConfig(**kwargs)
+
+
+@pytest.mark.parametrize("temperature", [1e-320, 5e-324, 1e-300, 1e-30])
+def test_tiny_temperatures_give_the_greedy_limit_never_nan(temperature):
+    big = torch.tensor([[30.0, -20.0, 10.0, 29.5, 0.0]])  # logits/1e-320 overflow: inf - inf would be NaN
+    probs = process_logits(big, SamplingConfig(temperature=temperature))
+    assert torch.isfinite(probs).all()
+    assert probs.tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
+    tied = process_logits(torch.tensor([[1.0, 4.0, 4.0]]), SamplingConfig(temperature=temperature))
+    assert tied.tolist() == [[0.0, 0.5, 0.5]]  # the limit of the tempered law: the tied maxima share the mass
+    gen = torch.Generator().manual_seed(0)
+    assert sample(probs[0], gen) == 0

@@ -10,10 +10,12 @@ import torch
 
 from verispec.engine import DecodeConfig, Engine
 from verispec.errors import ConfigError, IncompatibleModelsError
+from verispec.inputs import check_prompt
+from verispec.limits import check_context
 from verispec.methods import get_method
 from verispec.models.fastpath import check_linear_backend
-from verispec.models.hf import HFCausalLM, parse_dtype
-from verispec.models.loading import DEFAULT_LINEAR_BACKEND, load_model
+from verispec.models.hf import HFCausalLM, check_model_spec, parse_dtype
+from verispec.models.loading import DEFAULT, DEFAULT_LINEAR_BACKEND, load_model
 from verispec.sampling import SamplingConfig
 from verispec.trace import Trace
 
@@ -77,6 +79,14 @@ class Decoder:
         if draft_dtype is not None:
             parse_dtype(draft_dtype)
         check_linear_backend(linear_backend)
+        # Everything that can be checked without loading a model is checked now, not after minutes of loading.
+        for spec in (target, draft):
+            if isinstance(spec, str) and spec != DEFAULT:
+                check_model_spec(spec)
+        if isinstance(verifier, (str, Path)):
+            from verispec.learned import LearnedVerifier
+
+            LearnedVerifier.load(verifier)  # the file itself; whether it fits the draft is checked once it loads
         self.dtype, self.device, self.linear_backend = dtype, device, linear_backend
         # The draft may run in a cheaper dtype: every lossless method keeps the target's law whatever q is.
         self.draft_dtype = draft_dtype if draft_dtype is not None else dtype
@@ -121,8 +131,7 @@ class Decoder:
 
     def encode_prompt(self, prompt: str, chat_template: bool = True) -> list[int]:
         """Return the prompt's token ids, through the tokenizer's chat template when it has one."""
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ConfigError("the prompt is empty: give some text to continue")
+        check_prompt(prompt)
         tokenizer = self.tokenizer
         if chat_template and getattr(tokenizer, "chat_template", None):
             ids = tokenizer.apply_chat_template(
@@ -166,12 +175,12 @@ class Decoder:
             method=method, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, paths=paths,
             cap=cap, tau=tau,
         )
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ConfigError("the prompt is empty: give some text to continue")
+        check_prompt(prompt)
         spec = get_method(method)
         roles = {spec.decoder} | ({"draft"} if spec.speculative else set())
         models = {role: self.model(role) for role in sorted(roles, reverse=True)}  # target first
         prompt_ids = self.encode_prompt(prompt, chat_template)
+        check_context(len(prompt_ids), max_new_tokens, models.get("target"), models.get("draft"))
         verifier = self.verifier() if spec.learned_stop else None
         engine = Engine(models.get("target"), models.get("draft"), self.eos_token_ids(spec.decoder), verifier)
         out = engine.decode(prompt_ids, config)

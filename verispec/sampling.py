@@ -48,7 +48,12 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor
         probs = torch.zeros_like(logits)
         probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
         return probs
-    logits = logits / config.temperature
+    scaled = logits / config.temperature
+    if not torch.isfinite(scaled[torch.isfinite(logits)]).all():
+        # A temperature so small that logits / T overflows (T ≈ 1e-320): inf - inf would make softmax NaN. Shifting
+        # the row max to 0 first gives the T -> 0 limit of the tempered law exactly: all mass on the maxima.
+        scaled = (logits - logits.max(dim=-1, keepdim=True).values) / config.temperature
+    logits = scaled
     if config.top_k and config.top_k < logits.shape[-1]:
         kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, -math.inf)

@@ -91,3 +91,11 @@ def test_rounds_rebuilt_from_forward_calls():
 def test_unknown_peer_is_an_error(decoder):
     with pytest.raises(ConfigError, match="unknown peer"):
         peer_generate(decoder, PROMPT, "hf-beam", 4, GREEDY, 8, seed=0)
+
+
+def test_tiny_temperatures_run_the_peers_greedily():
+    from verispec.bench.peers import sampling_kwargs
+    from verispec.sampling import SamplingConfig
+
+    assert sampling_kwargs(SamplingConfig(temperature=1e-320))["do_sample"] is False  # float32 / T would overflow
+    assert sampling_kwargs(SamplingConfig(temperature=0.5))["do_sample"] is True

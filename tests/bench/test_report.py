@@ -109,7 +109,7 @@ def test_report_cli_prints_the_table_and_takes_paths(results_file, tmp_path, cap
 def test_report_rejects_a_file_that_is_not_results(tmp_path, capsys):
     path = tmp_path / "other.json"
     path.write_text('{"a": 1}')
-    with pytest.raises(ConfigError, match="not a verispec bench results file"):
+    with pytest.raises(ConfigError, match="not a results file of `verispec bench`"):
         write_report(path)
     assert main(["report", str(tmp_path / "missing.json")]) == 2
     assert "cannot read results file" in capsys.readouterr().err

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from verispec.bench.datasets import read_source
-from verispec.bench.files import write_atomically
+from verispec.bench.files import EITHER, HASH, check_results_shape, read_results, shape_errors_named, write_atomically
 from verispec.errors import ConfigError
 
 
@@ -61,17 +61,8 @@ def restore_prompts(archived: dict[str, Any]) -> dict[str, Any]:
 
 def pack(results_path: str | Path, archive_path: str | Path) -> None:
     """Write the archive of the results file at `results_path` to `archive_path` (a `.json.gz`)."""
-    problem = f"cannot pack {results_path}: not a results file of `verispec bench`"
-    try:
-        results = json.loads(Path(results_path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(problem) from exc
-    records = results.get("records") if isinstance(results, dict) else None
-    keyed = isinstance(records, list) and all(isinstance(r, dict) and {"prompt", "prompt_sha256"} & r.keys()
-                                              for r in records)
-    if not keyed:
-        raise ConfigError(problem)
-    write_archive(results, archive_path)
+    results = read_results(results_path, EITHER)
+    shape_errors_named(results_path, lambda: write_archive(results, archive_path))
 
 
 def write_archive(results: dict[str, Any], archive_path: str | Path) -> None:
@@ -89,7 +80,10 @@ def unpack(archive_path: str | Path, results_path: str | Path) -> None:
     try:
         with gzip.open(archive_path, "rt", encoding="utf-8") as handle:
             archived = json.load(handle)
-    except (OSError, EOFError, json.JSONDecodeError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"cannot unpack {archive_path}: not a gzipped results archive ({exc})") from exc
-    Path(results_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(results_path).write_text(json.dumps(restore_prompts(archived), indent=1))
+    check_results_shape(archived, archive_path, HASH)
+    if not isinstance(archived["config"].get("prompts"), str):
+        raise ConfigError(f"cannot unpack {archive_path}: its config names no prompt source")
+    restored = shape_errors_named(archive_path, lambda: restore_prompts(archived))
+    write_atomically(Path(results_path), json.dumps(restored, indent=1))

@@ -17,12 +17,20 @@ def _optional_int(text: str) -> int | None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark; print the table and write the results JSON (and the report with --report)."""
+    from verispec.bench.files import check_new_output
     from verispec.bench.report import FULL_COLUMNS, format_table, write_report
     from verispec.bench.runner import BenchConfig, run_bench
 
     config = BenchConfig(**{f.name: getattr(args, f.name) for f in fields(BenchConfig)})
-    result = run_bench(config, args.out, progress=not args.no_progress, resume=args.resume,
-                       archive_path=args.archive)
+    # Measured results are hours of work: replacing them must be asked for.
+    check_new_output(args.out, "the results file", args.resume or args.force)
+    if args.archive is not None:
+        check_new_output(args.archive, "the archive", args.resume or args.force)
+    try:
+        result = run_bench(config, args.out, progress=not args.no_progress, resume=args.resume,
+                           archive_path=args.archive)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_interrupted_message(args.out)) from None
     n = len({r["prompt_index"] for r in result["records"]})
     print(f"\n{n} prompts from {config.prompts}, up to {config.max_new_tokens} new tokens, gamma={config.gamma}, "
           f"temperature={config.temperature}, {config.dtype} on {config.device}; baseline {config.baseline_method}")
@@ -36,6 +44,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _, markdown_path, plot_path = write_report(args.out)
         print(f"report: {markdown_path}\nplot: {plot_path}")
     return 0
+
+
+def _interrupted_message(out: str) -> str:
+    """Say what an interrupted bench kept: the results file is rewritten after every finished prompt."""
+    import json
+    from pathlib import Path
+
+    try:
+        done = len({r["prompt_index"] for r in json.loads(Path(out).read_text())["records"]})
+    except (OSError, ValueError, KeyError, TypeError):
+        return "interrupted before the first prompt finished; nothing was saved"
+    return f"interrupted; {done} finished prompts are saved in {out} (run again with --resume to continue)"
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -203,6 +223,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--resume", action="store_true",
                    help="keep the prompts already complete in --out (same settings; --limit may grow) and run the "
                         "rest; the file is written after every prompt, so a stopped run loses at most one prompt")
+    g.add_argument("--force", action="store_true",
+                   help="replace an existing --out (and --archive); without it (or --resume) bench refuses to")
     g.add_argument("--archive", default=None, metavar="PATH.json.gz",
                    help="also rewrite the compressed archive of --out (`verispec archive pack`: no prompt text, "
                         "meant to be committed) after every prompt, so a run cut off keeps what it measured")

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verispec.errors import ConfigError, VerispecError
+from verispec.inputs import decode_utf8
 
 BUILTIN_PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number iteratively.",
@@ -159,9 +160,14 @@ def read_source(source: str) -> list[Prompt]:
     if not path.is_file():
         raise DatasetMissingError(f"prompt file not found: {path} (sources: builtin, mt-bench, humaneval, "
                                   f"spec-bench:PATH, or a .txt / .jsonl file)")
-    if spec_bench or (path.suffix == ".jsonl" and _is_spec_bench(path)):
-        return read_spec_bench(path, source)
-    return read_plain(path, source)
+    try:
+        if spec_bench or (path.suffix == ".jsonl" and _is_spec_bench(path)):
+            return read_spec_bench(path, source)
+        return read_plain(path, source)
+    except UnicodeDecodeError:
+        decode_utf8(path.read_bytes() if path.suffix != ".gz" else gzip.decompress(path.read_bytes()), str(path),
+                    flag=None)
+        raise  # not reached: decode_utf8 raises a ConfigError naming the byte
 
 
 def load_prompts(

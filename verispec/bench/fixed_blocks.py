@@ -29,7 +29,7 @@ import torch
 
 from verispec.api import Decoder
 from verispec.bench.datasets import Prompt, load_prompts
-from verispec.bench.files import write_atomically
+from verispec.bench.files import check_writable, write_atomically
 from verispec.bench.metrics import bootstrap_ratio
 from verispec.bench.report import with_ci
 from verispec.bench.runner import git_state, machine_description, versions
@@ -169,6 +169,8 @@ def run_fixed_blocks(
     models and prompts the config names."""
     from tqdm import tqdm
 
+    if out_path is not None:
+        check_writable(out_path)  # before the models load, not after the measurements
     if prompts is None:
         prompts = load_prompts(config.prompts, config.category, config.limit, config.subset_seed, config.offset)
     if decoder is None:

@@ -30,6 +30,7 @@ import torch
 
 from verispec.api import Decoder
 from verispec.errors import ConfigError
+from verispec.limits import check_context
 from verispec.sampling import SamplingConfig
 from verispec.trace import RoundTrace, Trace
 
@@ -120,6 +121,9 @@ def _assistant_settings(model: Any, gamma: int):
             setattr(config, key, value)
 
 
+TINY_TEMPERATURE = 1e-30
+
+
 def sampling_kwargs(sampling: SamplingConfig) -> dict[str, Any]:
     """Return `generate` arguments equivalent to verispec's sampling (temperature 0 = greedy).
 
@@ -127,7 +131,9 @@ def sampling_kwargs(sampling: SamplingConfig) -> dict[str, Any]:
     ship their own temperature / top-k / top-p / repetition penalty there.
     """
     common = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "typical_p": 1.0}
-    if sampling.greedy:  # the sampling warpers are not applied (and transformers warns when they are passed)
+    # Below TINY_TEMPERATURE, transformers' float32 logits / T overflow (NaN after softmax); verispec samples the
+    # T -> 0 limit there (`process_logits`), which is greedy decoding up to exact ties.
+    if sampling.greedy or sampling.temperature < TINY_TEMPERATURE:  # warpers unused (transformers warns if passed)
         return {"do_sample": False, **common}
     return {"do_sample": True, "temperature": float(sampling.temperature), "top_k": sampling.top_k,
             "top_p": float(sampling.top_p), **common}
@@ -172,6 +178,7 @@ def peer_generate(
     target = decoder.model("target")
     draft = decoder.model("draft") if method == "hf-assisted" else None
     prompt_ids = decoder.encode_prompt(prompt, chat_template)
+    check_context(len(prompt_ids), max_new_tokens, target, draft)
     eos = sorted(decoder.eos_token_ids("target"))
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=target.device)  # [1, P]
     kwargs: dict[str, Any] = dict(

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from verispec.bench.files import read_results, shape_errors_named
 from verispec.bench.metrics import (
     TIME_PARTS,
     decode_split,
@@ -362,12 +362,15 @@ def write_report(
     Return (markdown text, markdown path, plot path).
     """
     results_path = Path(results_path)
-    try:
-        results = json.loads(results_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read results file {results_path}: {exc}") from exc
-    if "aggregate" not in results or "records" not in results:
-        raise ConfigError(f"{results_path} is not a verispec bench results file (no 'aggregate' / 'records')")
+    results = read_results(results_path, aggregate=True)
+    return shape_errors_named(results_path, lambda: _write_report(results, results_path, markdown_path, plot_path,
+                                                                  profile_path, peer_profile_path))
+
+
+def _write_report(
+    results: dict[str, Any], results_path: Path, markdown_path: str | Path | None, plot_path: str | Path | None,
+    profile_path: str | Path | None, peer_profile_path: str | Path | None,
+) -> tuple[str, Path, Path]:
     from verispec.costmodel import HardwareProfile
 
     if peer_profile_path is not None and profile_path is None:

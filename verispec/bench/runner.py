@@ -31,7 +31,7 @@ import torch
 from verispec.api import Decoder
 from verispec.bench.archive import write_archive
 from verispec.bench.datasets import Prompt, load_prompts
-from verispec.bench.files import write_atomically
+from verispec.bench.files import TEXT, check_results_shape, check_writable, write_atomically
 from verispec.bench.flops import add_flops
 from verispec.bench.metrics import summarize
 from verispec.bench.peers import PEERS, peer_generate
@@ -215,11 +215,14 @@ def load_resumable(out_path: Path, config: BenchConfig, prompts: list[Prompt]) -
     if not out_path.exists():
         return [], []
     try:
-        saved = json.loads(out_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        saved = json.loads(out_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"cannot resume from {out_path}: {exc}") from exc
     if not isinstance(saved, dict) or saved.get("schema") != SCHEMA:
         raise ConfigError(f"cannot resume from {out_path}: not a {SCHEMA} results file")
+    check_results_shape(saved, out_path, TEXT)
+    if not isinstance(saved.get("runs", []), list):
+        raise ConfigError(f"cannot resume from {out_path}: its 'runs' is not a list")
     ours, theirs = asdict(config), saved.get("config", {})
     changed = [k for k in ours if k not in RESUMABLE_CHANGES and json.dumps(ours[k]) != json.dumps(theirs.get(k))]
     if changed:
@@ -258,6 +261,11 @@ def run_bench(
     rewritten whenever the results file is, so a run cut off between prompts keeps all it measured in it."""
     from tqdm import tqdm
 
+    # Before anything slow (prompt sets, models): a run must not measure for minutes and then fail to save.
+    if out_path is not None:
+        check_writable(out_path)
+    if archive_path is not None:
+        check_writable(archive_path, "the archive")
     if prompts is None:
         prompts = load_prompts(config.prompts, config.category, config.limit, config.subset_seed, config.offset)
     if not prompts:

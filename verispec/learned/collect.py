@@ -256,9 +256,12 @@ def load_dataset(path: str | Path) -> VerifierData:
         raise VerifierFileError(f"verifier data file {path} is not a readable safetensors file: {exc}") from exc
     if "manifest" not in header:
         raise VerifierFileError(f"{path} is not verispec verifier data (no manifest)")
-    manifest = json.loads(header["manifest"])
+    try:
+        manifest = json.loads(header["manifest"])
+    except ValueError as exc:
+        raise VerifierFileError(f"{path} has an unreadable manifest: {exc}") from exc
     missing = [f.name for f in fields(VerifierData) if f.name != "manifest" and f.name not in tensors]
-    if missing or manifest.get("format") != DATA_FORMAT:
+    if missing or not isinstance(manifest, dict) or manifest.get("format") != DATA_FORMAT:
         raise VerifierFileError(f"{path} is not verispec verifier data (missing {missing or 'the format tag'})")
     return VerifierData(**{f.name: tensors[f.name] for f in fields(VerifierData) if f.name != "manifest"},
                         manifest=manifest)

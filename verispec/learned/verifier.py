@@ -181,6 +181,8 @@ class LearnedVerifier:
             threshold, lam = float(header["threshold"]), float(header["lam"])
             metadata = json.loads(header["metadata"])
             check_features(features)
+            if not isinstance(metadata, dict):
+                raise TypeError(f"metadata is a {type(metadata).__name__}, not a mapping")
         except (ValueError, TypeError) as exc:
             raise VerifierFileError(f"verifier file {path} has an invalid metadata field: {exc}") from exc
         draft = header["draft_model"]

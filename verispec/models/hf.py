@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from verispec.errors import ConfigError, ModelFilesError
+from verispec.models.manifest import safetensors_problem
 from verispec.models.protocol import ForwardOutput
 from verispec.models.tree import CacheTree
 
@@ -107,6 +110,28 @@ class HFCausalLM:
         self._tree = CacheTree.chain(0)
 
 
+# A Hugging Face hub id: "name" or "owner/name". Anything else that is not an existing path cannot be loaded.
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def check_model_spec(name_or_path: str) -> None:
+    """Raise ModelFilesError when `name_or_path` is a path with no model in it (a folder without config.json, a
+    plain file, a missing .gguf) or neither an existing path nor a hub id; cheap, so callers check before loading."""
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".gguf" and not path.is_file():
+        raise ModelFilesError(f"GGUF file not found: {path}")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ModelFilesError(f"the folder {path} holds no model: a model folder has a config.json beside the "
+                              f"weights and the tokenizer files")
+    if path.is_file() and path.suffix != ".gguf":
+        raise ModelFilesError(f"{path} is a file but not a model: give a model folder, a .gguf file or a hub id")
+    if path.is_dir() and (problem := safetensors_problem(path)):
+        raise ModelFilesError(f"cannot load the model in {path}: {problem}")  # e.g. a truncated download
+    if not path.exists() and (not HUB_ID.match(name_or_path) or name_or_path.startswith(("~", "."))):
+        raise ModelFilesError(f"model not found: {name_or_path!r} is neither an existing file or folder nor a hub id "
+                              f"(like Qwen/Qwen2.5-Coder-0.5B-Instruct)")
+
+
 def load_pretrained(
     name_or_path: str, gguf_file: str | None = None, dtype: str | torch.dtype = "float32", device: str = "cpu"
 ) -> tuple[Any, Any]:
@@ -115,30 +140,37 @@ def load_pretrained(
 
     torch_dtype = parse_dtype(dtype)
     path = Path(name_or_path).expanduser()
+    if gguf_file is None:
+        check_model_spec(name_or_path)
     if gguf_file is None and path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelFilesError(f"GGUF file not found: {path}")
         name_or_path, gguf_file = str(path.parent), path.name
     kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype, **kwargs)
-    except OSError as exc:  # transformers reports a missing model or file (or an offline hub) as OSError
+    except (OSError, ValueError, SafetensorError) as exc:  # a missing model or file, an offline hub, a bad config
         where = f"{name_or_path!r}" + (f" ({gguf_file})" if gguf_file else "")
         raise ModelFilesError(f"cannot load model {where}: {exc}") from exc
     return model.to(device), tokenizer
 
 
-def save_converted(model: Any, tokenizer: Any, out_dir: Path) -> None:
-    """Save a (GGUF-dequantised) model and its tokenizer as safetensors into `out_dir`, atomically."""
+def save_converted(model: Any, tokenizer: Any, out_dir: Path, marker: dict[str, Any] | None = None) -> None:
+    """Save a (GGUF-dequantised) model and its tokenizer as safetensors into `out_dir`, atomically: written into a
+    unique scratch folder beside it, then renamed into place. With `marker`, the folder's marker file records it
+    plus the manifest (size and sha256) of every file, written before the rename (`verispec.models.manifest`)."""
+    from verispec.models.manifest import file_manifest, publish_folder, scratch_folder, write_marker
+
     # A GGUF-loaded model refuses to save while it still carries its quantizer (the weights are dequantised).
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.name_or_path = out_dir.name
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
+    scratch = scratch_folder(out_dir)
+    try:
+        model.save_pretrained(scratch, safe_serialization=True)
+        tokenizer.save_pretrained(scratch)
+        if marker is not None:
+            write_marker(scratch, {**marker, "files": file_manifest(scratch)})
+        publish_folder(scratch, out_dir)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
