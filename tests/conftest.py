@@ -39,3 +39,16 @@ def tiny_pair(tokenizer):
         "unrelated": HFCausalLM(tiny_qwen2(vocab, seed=2), tokenizer, name="tiny-unrelated"),
         "partial": HFCausalLM(perturb(copy.deepcopy(target), 0.03, seed=3), tokenizer, name="tiny-partial"),
     }
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_folders(tiny_pair, tmp_path_factory):
+    """The tiny target and its perturbed draft ("partial") saved as model folders with their tokenizer, as a user
+    passes models to the command line (--target / --draft); float64 weights."""
+    root = tmp_path_factory.mktemp("tiny-pair")
+    folders = {}
+    for role, key in (("target", "target"), ("draft", "partial")):
+        folders[role] = str(root / role)
+        tiny_pair[key].model.save_pretrained(folders[role])
+        tiny_pair[key].tokenizer.save_pretrained(folders[role])
+    return folders
