@@ -48,3 +48,16 @@ def tiny_folder(tiny_pair, tmp_path_factory):
     tiny_pair["target"].model.save_pretrained(folder)
     tiny_pair["target"].tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_folders(tiny_pair, tmp_path_factory):
+    """The tiny target and its perturbed draft ("partial") saved as model folders with their tokenizer, as a user
+    passes models to the command line (--target / --draft); float64 weights."""
+    root = tmp_path_factory.mktemp("tiny-pair")
+    folders = {}
+    for role, key in (("target", "target"), ("draft", "partial")):
+        folders[role] = str(root / role)
+        tiny_pair[key].model.save_pretrained(folders[role])
+        tiny_pair[key].tokenizer.save_pretrained(folders[role])
+    return folders

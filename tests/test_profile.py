@@ -86,16 +86,44 @@ def test_measure_model_cost_times_each_forward_at_the_stated_context(monkeypatch
     assert measure_model_cost(FakeLM(clock), ks=[1], context=4, reps=1, long_prefill=0).long_prefill_tokens == 0
 
 
-def test_measure_profile_on_a_tiny_model_has_the_right_shape_and_round_trips(tiny_pair, tmp_path):
+def test_measure_profile_on_a_tiny_model_reads_its_forwards_and_overheads(tiny_pair, tmp_path, monkeypatch):
+    """The real tiny model runs through the protocol while a fake clock charges each forward 1 + 0.5·k + 0.01·cache
+    and each draft sample 0.3, each verification 0.1 + 0.05 per p row: every figure of the profile is then known."""
+    import verispec.engine as engine_module
+
+    clock = Clock()
+    monkeypatch.setattr(profile_module, "perf_counter", clock)
     model = tiny_pair["target"]
-    profile = measure_profile(model, "target", ks=[1, 2, 3], context=4, reps=1)
+    forward, verify_paths, sample = model.forward, engine_module.verify_paths, profile_module.sample
+
+    def timed_forward(tokens, n_logits=1, return_hidden=False, parents=None):
+        clock.now += 1 + 0.5 * len(tokens) + 0.01 * model.cache_length
+        return forward(tokens, n_logits, return_hidden, parents)
+
+    def timed_verify(method, draft, q, p, generator):  # p: [K, k, V]
+        clock.now += 0.1 + 0.05 * p.shape[1]
+        return verify_paths(method, draft, q, p, generator)
+
+    def timed_sample(probs, generator):
+        clock.now += 0.3
+        return sample(probs, generator)
+
+    monkeypatch.setattr(model, "forward", timed_forward)
+    monkeypatch.setattr(engine_module, "verify_paths", timed_verify)
+    monkeypatch.setattr(profile_module, "sample", timed_sample)
+    profile = measure_profile(model, "target", ks=[1, 2, 3], context=4, reps=2)
     cost = profile.models["target"]
-    assert list(profile.models) == ["target"] and profile.kind == KIND_MEASURED
-    assert cost.ks == [1, 2, 3] and len(cost.seconds) == 3 and min(cost.seconds) > 0
-    assert cost.prefill_tokens == 4 and cost.context_slope >= 0 and cost.name == "tiny-target"
+    assert list(profile.models) == ["target"] and profile.kind == KIND_MEASURED and cost.name == "tiny-target"
+    assert cost.ks == [1, 2, 3] and cost.seconds == pytest.approx([1.54, 2.04, 2.54])  # after 4 cached tokens
+    assert [cost.f(k) for k in (1, 2, 3)] == pytest.approx([1.0, 2.04 / 1.54, 2.54 / 1.54])  # t(k) / t(1)
+    assert (cost.prefill_tokens, cost.prefill_seconds) == (4, pytest.approx(3.0))  # 4 tokens on an empty cache
+    assert cost.context_slope == pytest.approx(0.01)  # t(1) after 8 cached tokens less t(1) after 4, over 4
+    assert (cost.long_prefill_tokens, cost.long_prefill_seconds) == (16, pytest.approx(9.0))
     params = sum(p.numel() for p in model.model.parameters())
     assert cost.params == params and cost.streamed_params == params - model.model.get_input_embeddings().weight.numel()
-    assert profile.overheads.sample_row > 0 and profile.overheads.verify_round + profile.overheads.verify_row > 0
+    overheads = profile.overheads
+    assert overheads.sample_row == pytest.approx(0.3)
+    assert (overheads.verify_round, overheads.verify_row) == (pytest.approx(0.1), pytest.approx(0.05))
     assert model.cache_length == 0
     assert HardwareProfile.load(profile.save(tmp_path / "profile.json")) == profile
 

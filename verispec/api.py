@@ -9,13 +9,14 @@ from typing import Any
 import torch
 
 from verispec.engine import DecodeConfig, Engine
-from verispec.errors import ConfigError, IncompatibleModelsError
+from verispec.errors import ConfigError
 from verispec.inputs import check_prompt
 from verispec.limits import check_context
 from verispec.methods import get_method
 from verispec.models.fastpath import check_linear_backend
 from verispec.models.hf import HFCausalLM, check_model_spec, parse_dtype
 from verispec.models.loading import DEFAULT, DEFAULT_LINEAR_BACKEND, load_model
+from verispec.models.pair import check_compatible, encode_prompt, eos_token_ids
 from verispec.sampling import SamplingConfig
 from verispec.trace import Trace
 
@@ -41,21 +42,6 @@ class Generation:
             "config": asdict(self.config),
             "trace": self.trace.to_dict(),
         }
-
-
-def check_compatible(target: HFCausalLM, draft: HFCausalLM) -> None:
-    """Raise IncompatibleModelsError unless draft and target share the vocabulary and the tokenizer."""
-    if target.vocab_size != draft.vocab_size:
-        raise IncompatibleModelsError(
-            f"draft and target have different vocabularies: target {target.name!r} has {target.vocab_size} "
-            f"output tokens, draft {draft.name!r} has {draft.vocab_size}; speculative decoding needs one vocabulary"
-        )
-    if target.tokenizer is not None and draft.tokenizer is not None:
-        if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
-            raise IncompatibleModelsError(
-                f"draft {draft.name!r} and target {target.name!r} use different tokenizers (their token-to-id "
-                f"maps differ); speculative decoding needs the same tokenizer"
-            )
 
 
 class Decoder:
@@ -115,7 +101,7 @@ class Decoder:
         if self._verifier_spec is None:
             raise ConfigError("SPRINTER methods need a learned verifier: pass verifier=FILE (CLI: --verifier FILE)")
         if isinstance(self._verifier_spec, (str, Path)):
-            from verispec.learned import LearnedVerifier
+            from verispec.learned.verifier import LearnedVerifier
 
             draft = self.model("draft")
             self._verifier_spec = LearnedVerifier.load(
@@ -131,28 +117,12 @@ class Decoder:
 
     def encode_prompt(self, prompt: str, chat_template: bool = True) -> list[int]:
         """Return the prompt's token ids, through the tokenizer's chat template when it has one."""
-        check_prompt(prompt)
-        tokenizer = self.tokenizer
-        if chat_template and getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-            )
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # some versions return a BatchEncoding
-                ids = ids["input_ids"]
-            return list(ids)
-        return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        check_prompt(prompt)  # before the tokenizer loads the models
+        return encode_prompt(self.tokenizer, prompt, chat_template)
 
     def eos_token_ids(self, role: str) -> set[int]:
         """Return the token ids that end generation: the tokenizer's EOS and the model's generation EOS ids."""
-        model = self.model(role)
-        ids = set()
-        if model.tokenizer is not None and model.tokenizer.eos_token_id is not None:
-            ids.add(int(model.tokenizer.eos_token_id))
-        generation_config = getattr(model.model, "generation_config", None)
-        configured = getattr(generation_config, "eos_token_id", None)
-        if configured is not None:
-            ids.update([configured] if isinstance(configured, int) else configured)
-        return ids
+        return eos_token_ids(self.model(role))
 
     def generate(
         self,
@@ -165,7 +135,7 @@ class Decoder:
         max_new_tokens: int = DecodeConfig.max_new_tokens,
         seed: int = DecodeConfig.seed,
         chat_template: bool = True,
-        paths: int = DecodeConfig.paths,
+        paths: int | None = DecodeConfig.paths,
         cap: int = DecodeConfig.cap,
         tau: float | None = DecodeConfig.tau,
     ) -> Generation:
@@ -205,7 +175,7 @@ def generate(
     chat_template: bool = True,
     dtype: str = "float32",
     device: str = "cpu",
-    paths: int = DecodeConfig.paths,
+    paths: int | None = DecodeConfig.paths,
     cap: int = DecodeConfig.cap,
     tau: float | None = DecodeConfig.tau,
     verifier: str | None = None,

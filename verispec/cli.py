@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from verispec.engine import DecodeConfig
+from verispec.engine import MULTIPATH_PATHS, DecodeConfig
 from verispec.errors import VerispecError
 from verispec.models.fastpath import LINEAR_BACKENDS
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND
@@ -36,7 +36,9 @@ def _add_decode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=SamplingConfig.top_p, help="1 = off")
     parser.add_argument("--max-new-tokens", type=int, default=DecodeConfig.max_new_tokens)
     parser.add_argument("--seed", type=int, default=DecodeConfig.seed)
-    parser.add_argument("--paths", type=int, default=DecodeConfig.paths, help="K draft paths (multi-path methods)")
+    parser.add_argument("--paths", type=int, default=DecodeConfig.paths,
+                        help=f"K >= 2 draft paths of the multi-path methods (default: {MULTIPATH_PATHS} for those, "
+                             f"1 for the others)")
     parser.add_argument("--verifier", default=None, help="SPRINTER: the learned verifier file")
     parser.add_argument("--tau", type=float, default=DecodeConfig.tau, help="SPRINTER: verifier threshold")
     parser.add_argument("--cap", type=int, default=DecodeConfig.cap, help="SPRINTER: longest draft run")

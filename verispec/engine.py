@@ -21,6 +21,10 @@ from verispec.sampling import SamplingConfig, process_logits
 from verispec.theory import leak
 from verispec.trace import RoundTrace, Trace
 
+# K of a multi-path method when none is given: the best K of `gbv` on the dev-short prompts at T = 1 (BENCHMARKS.md
+# §5). At T = 0 the K paths are equal, so a multi-path method only pays for them.
+MULTIPATH_PATHS = 3
+
 
 @dataclass(frozen=True)
 class DecodeConfig:
@@ -31,18 +35,25 @@ class DecodeConfig:
     max_new_tokens: int = 128  # generation stops after exactly this many tokens unless EOS comes first
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: int = 0  # seeds the one torch.Generator used for every draw of the decode
-    paths: int = 1  # K: i.i.d. draft paths per round (multi-path methods only)
+    paths: int | None = None  # K i.i.d. draft paths per round; None = 1, or MULTIPATH_PATHS for multi-path methods
     cap: int = 20  # SPRINTER: the longest draft run before the target is called (§3.1)
     tau: float | None = None  # SPRINTER: the verifier's acceptance threshold; None = the one stored in its file
 
     def __post_init__(self) -> None:
-        get_method(self.method)
+        method = get_method(self.method)
         if not isinstance(self.gamma, int) or isinstance(self.gamma, bool) or self.gamma < 1:
             raise ConfigError(f"gamma (draft length) must be an integer >= 1, got {self.gamma!r}")
+        if self.paths is None:
+            object.__setattr__(self, "paths", MULTIPATH_PATHS if method.multipath else 1)  # frozen: set once here
         if not isinstance(self.paths, int) or isinstance(self.paths, bool) or self.paths < 1:
             raise ConfigError(f"paths (K) must be an integer >= 1, got {self.paths!r}")
-        if self.paths > 1 and not get_method(self.method).multipath:
+        if self.paths > 1 and not method.multipath:
             raise ConfigError(f"method {self.method!r} verifies a single path; paths must be 1, got {self.paths}")
+        if self.paths == 1 and method.multipath:
+            # One path would silently run a single-path rule at the multi-path rule's cost (tree bookkeeping).
+            hint = "with one path it is block verification: use --method bv" if self.method == "gbv" else (
+                "for a single path use sd or bv")
+            raise ConfigError(f"method {self.method!r} needs paths >= 2 ({hint})")
         if not isinstance(self.cap, int) or isinstance(self.cap, bool) or self.cap < 1:
             raise ConfigError(f"cap (the longest SPRINTER draft run) must be an integer >= 1, got {self.cap!r}")
         if self.tau is not None and not (isinstance(self.tau, (int, float)) and 0.0 <= self.tau <= 1.0):

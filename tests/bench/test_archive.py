@@ -130,10 +130,3 @@ def test_bench_rewrites_the_archive_after_every_prompt_so_a_cut_off_run_keeps_it
     assert not list((tmp_path / "kept").glob("*.partial"))
     with pytest.raises(ConfigError, match="archive .* results file"):
         run_bench(config, None, decoder=decoder, prompts=prompts, progress=False, archive_path=tmp_path / "a.gz")
-
-
-def test_cli_bench_takes_an_archive_path():
-    from verispec.cli import build_parser
-
-    assert build_parser().parse_args(["bench", "--archive", "kept.json.gz"]).archive == "kept.json.gz"
-    assert build_parser().parse_args(["bench"]).archive is None

@@ -12,6 +12,7 @@ import torch
 
 from verispec import Decoder
 from verispec.bench.datasets import Prompt, load_prompts
+from verispec.bench.flops import model_cost, trace_flops
 from verispec.bench.quality import (
     bootstrap_ratio,
     lcs_length,
@@ -22,7 +23,6 @@ from verispec.bench.quality import (
     target_nll,
 )
 from verispec.bench.runner import BenchConfig, run_bench
-from verispec.cli import build_parser
 from verispec.errors import ConfigError
 
 
@@ -166,24 +166,30 @@ def test_runner_quality_adds_the_fields(decoder, tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["config"]["quality"] is True
     for record in result["records"]:
         assert {"nll", "tokens", "ppl", "rouge_l_vs_ar", "rouge_l_vs_reference"} <= set(record["quality"])
-        assert record["flops"]["per_token"] > 0
+        # Priced from the record's own trace with both models' sizes, per generated token.
+        assert record["flops"] == trace_flops(record, model_cost(decoder.model("target")), model_cost(decoder.model(
+            "draft")))
+        assert record["flops"]["per_token"] == record["flops"]["total"] / record["trace"]["generated"]
         has_ref = record["prompt_id"] == "a"
         assert (record["quality"]["rouge_l_vs_reference"] is not None) == has_ref
     rows = {r["method"]: r for r in result["aggregate"]}
     assert rows["ar"]["rouge_l_vs_ar"] == 1.0 == rows["sd"]["rouge_l_vs_ar"]
-    assert rows["ar"]["nll_per_token"] == rows["sd"]["nll_per_token"] and rows["draft"]["nll_per_token"] > 0
+    assert rows["ar"]["nll_per_token"] == rows["sd"]["nll_per_token"]
+    by_method = {m: [r for r in result["records"] if r["method"] == m] for m in rows}
+    for method, records in by_method.items():  # token-weighted over the prompts, from the records' own scores
+        assert rows[method]["nll_per_token"] == pytest.approx(
+            sum(r["quality"]["nll"] for r in records) / sum(r["quality"]["tokens"] for r in records))
+        assert rows[method]["flops_per_token"] == pytest.approx(
+            sum(r["flops"]["total"] for r in records) / sum(r["trace"]["generated"] for r in records))
     assert rows["draft"]["quality_prompts"] == 2 and rows["draft"]["rouge_l_vs_reference_prompts"] == 1
     # sd runs the target over every drafted token and the draft too: more FLOPs than ar (same-size tiny models).
-    assert rows["sd"]["flops_per_token"] > rows["ar"]["flops_per_token"] and rows["draft"]["flops_per_token"] > 0
+    assert rows["sd"]["flops_per_token"] > rows["ar"]["flops_per_token"]
+    # The target and the draft have the same size: `draft` costs what `ar` does on the same prompt lengths.
+    assert rows["draft"]["flops_per_token"] == pytest.approx(rows["ar"]["flops_per_token"], rel=0.05)
     assert rows["ar"]["eta_fp"] is None and rows["ar"]["verifier_tokens"] == 0
     plain = run_bench(BenchConfig(methods=["ar"], max_new_tokens=3, warmup_tokens=0), None, decoder=decoder,
                       prompts=PROMPTS[:1], progress=False)
     assert "quality" not in plain["records"][0] and plain["aggregate"][0]["nll_per_token"] is None
-
-
-def test_cli_quality_flag():
-    assert build_parser().parse_args(["bench"]).quality is False
-    assert build_parser().parse_args(["bench", "--quality"]).quality is True
 
 
 def test_runner_sprinter_rows_carry_the_online_operating_point(tiny_pair):

@@ -99,7 +99,11 @@ def test_collect_train_save_load_round_trip(tiny_pair, prompts, tmp_path):
     assert (tmp_path / "data.safetensors.json").is_file()
     for features in ("context", "token"):
         verifier, report = train_verifier(loaded, features=features, val_fraction=0.34, epochs=10)
-        assert report.val_rows > 0 and verifier.draft_model == "tiny-partial"
+        assert verifier.draft_model == "tiny-partial"
+        # The split holds out whole prompts: round(0.34 · 6) = 2 of them, with every one of their rows.
+        assert len(report.val_prompts) == 2 and set(report.val_prompts).isdisjoint(report.train_prompts)
+        assert report.val_rows == int(torch.isin(data.prompt_id, torch.tensor(report.val_prompts)).sum())
+        assert report.val_rows + report.train_rows == 90 and report.train_rows > report.val_rows
         verifier.save(tmp_path / f"{features}.safetensors")
         again = LearnedVerifier.load(tmp_path / f"{features}.safetensors", "tiny-partial", 32)
         x = feature_matrix(features, data.hidden, data.q_x, data.q_entropy, data.position)

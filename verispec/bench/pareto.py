@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verispec.bench.figures import save_figure
 from verispec.errors import ConfigError
 
 # y key -> (axis label, whether higher is better)
@@ -99,6 +100,4 @@ def plot_pareto(
     ax.set_title(f"{prompts} prompts from {cfg['prompts']}, γ={cfg['gamma']}, T={cfg['temperature']}; "
                  f"error bars: 95% bootstrap intervals", fontsize=8)
     ax.legend(fontsize=8)
-    from verispec.bench.report import save_figure  # report imports this module lazily, so no cycle
-
     return save_figure(fig, path)

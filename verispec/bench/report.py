@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from verispec.bench.figures import save_figure
 from verispec.bench.files import read_results, shape_errors_named
 from verispec.bench.metrics import (
     TIME_PARTS,
@@ -338,15 +339,6 @@ def plot_speedup(results: dict[str, Any], path: str | Path) -> Path:
                  f"γ={cfg['gamma']}, T={cfg['temperature']}", fontsize=9)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
-
-
-def save_figure(fig: Any, path: str | Path) -> Path:
-    """Lay out `fig`, write it to `path` (creating the folder) and return the path."""
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
 
 
 def write_report(

@@ -293,17 +293,19 @@ class CollectConfig:
 
 def collect_from_config(config: CollectConfig, out: str | Path, progress: bool = True) -> VerifierData:
     """Load the models and prompts named by `config`, collect, save to `out`; return the rows."""
-    from verispec.api import Decoder
     from verispec.bench.datasets import load_prompts
+    from verispec.models.loading import load_model
+    from verispec.models.pair import check_compatible, encode_prompt, eos_token_ids
 
-    decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device)
-    target, draft = decoder.model("target"), decoder.model("draft")
+    target = load_model(config.target, "target", dtype=config.dtype, device=config.device)
+    draft = load_model(config.draft, "draft", dtype=config.dtype, device=config.device)
+    check_compatible(target, draft)
     prompts = load_prompts(config.prompts, category=config.category, limit=config.limit, seed=config.subset_seed,
                            offset=config.offset)
-    ids = [decoder.encode_prompt(p.text, config.chat_template) for p in prompts]
+    ids = [encode_prompt(target.tokenizer, p.text, config.chat_template) for p in prompts]
     sampling = SamplingConfig(temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
     data = collect(draft, target, ids, config.steps, config.lam, sampling, config.seed, progress, config.cap,
-                   config.block, decoder.eos_token_ids("target"))
+                   config.block, eos_token_ids(target))
     save_dataset(out, data, {"config": asdict(config), "prompt_ids": [p.id for p in prompts],
                              "prompt_fingerprints": [prompt_fingerprint(p.text) for p in prompts]})
     return data

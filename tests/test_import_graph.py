@@ -1,0 +1,136 @@
+"""The package's layers: no import cycle among verispec's modules, counting the imports deferred into functions.
+
+A static check: every module's `import` statements are read from its syntax tree, so a cycle shows even when the
+order the tests happen to import things in would hide it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import verispec
+
+ROOT = Path(verispec.__file__).parent
+
+
+def module_names(root: Path = ROOT, package: str = "verispec") -> dict[str, Path]:
+    """Return every module of the package under `root` by dotted name (a package by its own name)."""
+    names = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [package, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def _in_function(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return True
+    return False
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, bool]]:
+    """Return (imported module, deferred into a function) for each import of the package's modules by `name`.
+
+    `from a.b import c` imports the module a.b.c when there is one, else a.b. Importing a.b.c also runs the
+    packages a and a.b first, unless the importer lies inside them (they are then already being imported).
+    """
+    tree = ast.parse(path.read_text(), str(path))
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: up from the importer's package
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        if _type_checking_only(node, parents):
+            continue
+        deferred = _in_function(node, parents)
+        for target in targets:
+            parts = target.split(".")
+            for depth in range(1, len(parts) + 1):
+                run = ".".join(parts[:depth])
+                inside = name == run or name.startswith(run + ".")
+                if run in modules and not inside:
+                    found.append((run, deferred))
+    return found
+
+
+def import_graph(include_deferred: bool, modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """Return module -> the package modules it imports (at import time; also inside functions if asked)."""
+    modules = modules if modules is not None else module_names()
+    return {
+        name: {target for target, deferred in imports_of(name, path, modules) if include_deferred or not deferred}
+        for name, path in modules.items()
+    }
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """Return one import cycle as [a, b, ..., a], or None when the graph has none (depth-first search)."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+@pytest.mark.parametrize("include_deferred", [False, True], ids=["module-level", "with-deferred"])
+def test_the_package_has_no_import_cycle(include_deferred):
+    graph = import_graph(include_deferred)
+    assert len(graph) > 40 and "verispec.engine" in graph["verispec.api"]  # the walk really read the package
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_check_sees_a_cycle_through_a_deferred_import_and_a_package(tmp_path):
+    """A planted cycle like the one that once tied the API to the learned verifier: `api` defers an import of
+    `learned.verifier` (which runs `learned/__init__`), and `learned.collect` defers one of `api`."""
+    root = tmp_path / "pkg"
+    (root / "learned").mkdir(parents=True)
+    (root / "__init__.py").write_text("from pkg.api import Decoder\n")
+    (root / "api.py").write_text("class Decoder:\n    def v(self):\n        from pkg.learned.verifier import V\n")
+    (root / "learned" / "__init__.py").write_text("from pkg.learned.collect import collect\n")
+    (root / "learned" / "verifier.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                                  "    from pkg.api import Decoder\nclass V: ...\n")
+    (root / "learned" / "collect.py").write_text("def collect():\n    from pkg import api\n")
+    modules = module_names(root, "pkg")
+    assert find_cycle(import_graph(False, modules)) is None  # the deferred edges only
+    assert find_cycle(import_graph(True, modules)) == ["pkg.api", "pkg.learned", "pkg.learned.collect", "pkg.api"]
+    (root / "learned" / "collect.py").write_text("from .. import api\n")  # relative, and at import time
+    assert find_cycle(import_graph(False, modules)) is None  # api's edge is still deferred
+    assert find_cycle(import_graph(True, modules))[0] == "pkg.api"
