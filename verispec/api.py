@@ -145,6 +145,14 @@ class Decoder:
             ids.update([configured] if isinstance(configured, int) else configured)
         return ids
 
+    def engine(self, method: str) -> Engine:
+        """Return an `Engine` over the models `method` needs (loaded on first use), for decoding token ids."""
+        spec = get_method(method)
+        roles = {spec.decoder} | ({"draft"} if spec.speculative else set())
+        models = {role: self.model(role) for role in sorted(roles, reverse=True)}  # target first
+        verifier = self.verifier() if spec.learned_stop else None
+        return Engine(models.get("target"), models.get("draft"), self.eos_token_ids(spec.decoder), verifier)
+
     def generate(
         self,
         prompt: str,
@@ -168,12 +176,8 @@ class Decoder:
         )
         if not isinstance(prompt, str) or not prompt.strip():
             raise ConfigError("the prompt is empty: give some text to continue")
-        spec = get_method(method)
-        roles = {spec.decoder} | ({"draft"} if spec.speculative else set())
-        models = {role: self.model(role) for role in sorted(roles, reverse=True)}  # target first
+        engine = self.engine(method)
         prompt_ids = self.encode_prompt(prompt, chat_template)
-        verifier = self.verifier() if spec.learned_stop else None
-        engine = Engine(models.get("target"), models.get("draft"), self.eos_token_ids(spec.decoder), verifier)
         out = engine.decode(prompt_ids, config)
         text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)
         return Generation(text, out.tokens, len(prompt_ids), out.stopped_at_eos, config, out.trace)
