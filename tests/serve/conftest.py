@@ -33,7 +33,7 @@ class HeldDecoder(Decoder):
         self.decode_gate.set()
         self.decoding = threading.Event()
         self.round_delay = 0.0
-        self.rounds = 0
+        self.rounds: list[int] = []  # rounds run by each decode so far
 
     def model(self, role: str) -> Any:
         self.load_gate.wait()
@@ -46,9 +46,10 @@ class HeldDecoder(Decoder):
             def decode(self, prompt_ids: list[int], config: Any, on_commit: Any = None) -> Any:
                 held.decoding.set()
                 held.decode_gate.wait()
+                held.rounds.append(0)
 
                 def slowed(tokens: list[int]) -> bool | None:
-                    held.rounds += 1
+                    held.rounds[-1] += 1
                     time.sleep(held.round_delay)
                     return on_commit(tokens) if on_commit is not None else None
 
