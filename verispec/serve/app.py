@@ -128,44 +128,37 @@ async def _generate(request: Request, backend: Backend, config: ServeConfig, kin
     backend.submit(job)
     header = responses.ResponseHeader(kind, config.model_name)
     events = job.events()
+    watcher = asyncio.ensure_future(_watch_disconnect(request, job))
     try:
-        first = await _next_watching(events, request, job)
-    except BaseException:
-        job.cancel()
-        raise
-    if isinstance(first, Failed):
-        raise first.error
-    if wanted.stream:
-        return StreamingResponse(_stream(events, job, header, wanted.include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
-    parts: list[str] = []
-    try:
-        while True:
-            event = await _next_watching(events, request, job)
+        first = await anext(events)
+        if isinstance(first, Failed):
+            raise first.error
+        if wanted.stream:  # from here the streaming response notices a client leaving
+            return StreamingResponse(_stream(events, job, header, wanted.include_usage),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        parts: list[str] = []
+        async for event in events:
             if isinstance(event, Delta):
                 parts.append(event.text)
             elif isinstance(event, Failed):
                 raise event.error
-            elif isinstance(event, Finished):
-                break
+        if job.cancelled.is_set():
+            raise APIError(499, "the client closed the connection")
+    except BaseException:
+        job.cancel()  # stop the engine at the next round boundary (or skip the job if it still waits)
+        raise
     finally:
-        job.cancel()  # no-op once finished; stops the engine when the client left or the server is stopping
+        watcher.cancel()
     usage = responses.usage(event.prompt_tokens, event.completion_tokens)
     stats = responses.verispec_block(job.config, event.trace, event.timed_out)
     return JSONResponse(responses.full_body(header, "".join(parts) + event.text, event.finish_reason, usage, stats))
 
 
-async def _next_watching(events: AsyncIterator[Any], request: Request, job: Job) -> Any:
-    """Return the job's next event; cancel the job (and raise APIError 499) if the client disconnects meanwhile."""
-    pending = asyncio.ensure_future(anext(events))
-    while True:
-        done, _ = await asyncio.wait({pending}, timeout=DISCONNECT_POLL)
-        if done:
-            return pending.result()
-        if await request.is_disconnected():
-            pending.cancel()
-            job.cancel()
-            raise APIError(499, "the client closed the connection")
+async def _watch_disconnect(request: Request, job: Job) -> None:
+    """Cancel `job` when the client disconnects before its response starts (or, unstreamed, before it ends)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL)
+    job.cancel()
 
 
 async def _stream(events: AsyncIterator[Any], job: Job, header: responses.ResponseHeader,
