@@ -71,10 +71,10 @@ def stream_chat(config: ServeBenchConfig, method: str, prompt: str) -> dict[str,
 
 def summarize(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     """Return throughput and latency percentiles of one method's requests."""
-    ok = [r for r in records if r["status"] == 200 and r["text_times"] and r["usage"]]
-    ttft = [r["text_times"][0] for r in ok]
+    ok = [r for r in records if r["status"] == 200 and r["usage"]]
+    ttft = [r["text_times"][0] for r in ok if r["text_times"]]
     itl = [(r["text_times"][-1] - r["text_times"][0]) / (r["usage"]["completion_tokens"] - 1)
-           for r in ok if r["usage"]["completion_tokens"] > 1]
+           for r in ok if len(r["text_times"]) > 1 and r["usage"]["completion_tokens"] > 1]
     tokens = sum(r["usage"]["completion_tokens"] for r in ok)
     per_call = [r["verispec"]["tokens_per_target_call"] for r in ok if r["verispec"]]
     per_call = [x for x in per_call if x is not None]
