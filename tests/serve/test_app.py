@@ -137,6 +137,8 @@ GOOD = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
         (GOOD | {"verispec": {"gamma": 2.5}}, 400, "verispec.gamma", "valid integer"),
         (GOOD | {"verispec": {"method": "beam"}}, 400, "verispec.method", "unknown method 'beam'"),
         (GOOD | {"verispec": {"tau": 2}}, 400, "verispec.tau", "tau"),
+        (GOOD | {"verispec": {"method": "sd", "paths": 2}}, 400, "verispec.paths", "paths must be 1"),
+        (GOOD | {"verispec": {"paths": 0}}, 400, "verispec.paths", "paths (K) must be an integer >= 1"),
         (GOOD | {"verispec": {"colour": 1}}, 400, "verispec.colour", "Extra inputs"),
         (GOOD | {"verispec": {"method": "sprinter"}}, 400, None, "learned verifier"),
         (GOOD | {"n": 2}, 400, "n", "n must be 1"),

@@ -141,6 +141,8 @@ def settings(request: _Common, defaults: DecodeConfig) -> Settings:
     except ConfigError as exc:
         message = str(exc)
         param = next((p for prefix, p in _PARAMS.items() if message.startswith(prefix)), None)
+        if "paths must be 1" in message:  # a single-path method given K > 1
+            param = "verispec.paths"
         if message.startswith("max_new_tokens"):
             message = "max_tokens" + message[len("max_new_tokens"):]
         raise APIError(400, message, param=param) from None

@@ -155,8 +155,15 @@ class EngineWorker:
         self._thread.start()
 
     def stop(self) -> None:
+        """End the running generation at its next round boundary; answer the requests still waiting 503."""
         self._closing.set()
         self._thread.join(timeout=30)
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            job.send(Failed(APIError(503, "the server is shutting down")))
 
     # -- the engine thread --------------------------------------------------------------------------------------
     def _run(self) -> None:
