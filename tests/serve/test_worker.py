@@ -42,6 +42,14 @@ def metric(url: str, name: str) -> float:
     return next(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
+def statuses(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = request(url, "GET", "/metrics")[2]
+    return {s.labels["status"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "verispec_requests_total"}
+
+
 def test_concurrent_clients_all_get_their_own_correct_output(held, one_thread):
     jobs = [(p, m) for p in ("hello there", "the quick brown fox", "once upon a time", "abc") for m in ("ar", "sd")]
     expected = {job: held.generate(job[0], method=job[1], gamma=3, max_new_tokens=15).text for job in jobs}
@@ -124,6 +132,28 @@ def test_a_client_leaving_a_non_streamed_request_frees_the_engine(held, one_thre
         wait_for(lambda: metric(url, "verispec_requests_running") == 0, "the engine to be free")
         assert held.rounds[-1] < rounds_when_dropped + 10  # polled every 0.1 s: about 5 rounds of 0.02 s
         assert request(url, "POST", "/v1/chat/completions", CHAT)[0] == 200
+
+
+def test_a_request_whose_client_left_while_queued_is_never_decoded(held, one_thread):
+    decodes = len(held.rounds)
+    with running_server(held, ServeConfig(max_queue=2)) as (url, app):
+        held.decode_gate.clear()
+        first = threading.Thread(target=lambda: request(url, "POST", "/v1/chat/completions", CHAT))
+        first.start()
+        wait_for(held.decoding.is_set, "the engine to take the first request")
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request("POST", "/v1/chat/completions", json.dumps(CHAT), {"Content-Type": "application/json"})
+        wait_for(lambda: metric(url, "verispec_queue_length") == 1, "the second request to wait in the queue")
+        conn.sock.close()
+        conn.close()
+        waiting = app.state.backend._queue.queue[0]
+        wait_for(waiting.cancelled.is_set, "the server to notice the client left")
+        held.decode_gate.set()
+        first.join(60)
+        assert request(url, "POST", "/v1/chat/completions", CHAT)[0] == 200
+        assert len(held.rounds) == decodes + 2  # the first and the last request; the departed one was skipped
+        wait_for(lambda: statuses(url) == {"200": 2, "499": 1}, "the departed request to be counted as 499")
 
 
 def test_the_time_limit_ends_a_generation_at_a_round_boundary(held, one_thread):

@@ -181,8 +181,9 @@ class EngineWorker:
             except queue.Empty:
                 continue
             self.metrics.queue_length.set(self._queue.qsize())
-            if job.cancelled.is_set():
-                continue  # its client left while it waited
+            if job.cancelled.is_set():  # its client left while it waited
+                job.send(Failed(APIError(499, "the client closed the connection")))
+                continue
             self.metrics.running.inc()
             try:
                 self._serve(job)
