@@ -123,7 +123,7 @@ class EngineWorker:
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=config.max_queue)
         self._closing = threading.Event()
         self._tokenizer_lock = threading.Lock()  # a fast tokenizer must not be used by two threads at once
-        self._mean_seconds = 1.0  # moving average of a generation's duration, for Retry-After
+        self._mean_seconds = 1.0  # moving average of a generation's duration (queue wait excluded), for Retry-After
         self._thread = threading.Thread(target=self._run, name="verispec-engine", daemon=True)
 
     # -- the HTTP side ------------------------------------------------------------------------------------------
@@ -148,8 +148,8 @@ class EngineWorker:
         self.metrics.queue_length.set(self._queue.qsize())
 
     def retry_after(self) -> int:
-        """Return seconds until a queue slot is likely free: the waiting requests at their mean duration."""
-        return max(1, math.ceil(self._mean_seconds * (self._queue.qsize() + 1) / self.config.max_queue))
+        """Return seconds until a queue slot is likely free: the running generation ends, the head moves up."""
+        return max(1, math.ceil(self._mean_seconds))
 
     def start(self) -> None:
         self._thread.start()
@@ -203,7 +203,8 @@ class EngineWorker:
             return
         job.send(Started())
         text = TextStream(self._decode_text, job.stop)
-        deadline = time.perf_counter() + self.config.time_limit
+        start = time.perf_counter()
+        deadline = start + self.config.time_limit
         clock = {"last": None, "timed_out": False}
 
         def on_commit(tokens: list[int]) -> bool:
@@ -230,9 +231,9 @@ class EngineWorker:
             log.exception("generation failed")
             job.send(Failed(APIError(500, f"generation failed: {type(exc).__name__}: {exc}")))
             return
-        elapsed = time.perf_counter() - job.arrival
-        self.metrics.latency.labels(method).observe(elapsed)
-        self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * elapsed
+        end = time.perf_counter()
+        self.metrics.latency.labels(method).observe(end - job.arrival)
+        self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (end - start)
         self.metrics.observe_decode(method, out.trace, len(job.prompt_ids), text.kept_tokens)
         reason = "stop" if text.stopped or out.stopped_at_eos else "length"
         job.send(Finished(text.finish(), reason, len(job.prompt_ids), text.kept_tokens, out.trace,
