@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
-# The full-size benchmarks that issues 3, 4 and 5 ask for, one resumable run each. Run from the repository root
-# after `make install models`.
+# The full-size benchmarks of BENCHMARKS.md, one resumable run each. Run from the repository root after
+# `make install models`.
 #
 #   benchmarks/run_full.sh RUN [UPTO]
 #
-# RUN is one of: issue3-humaneval-T0 issue3-dev-T0 issue3-humaneval-T1 issue3-dev-T1 issue4-T0.6 issue4-T1.0
-# issue5-T0 issue5-T1 (and draft-bf16-humaneval-T0 draft-bf16-dev-T0: issue 3's prompts with a bfloat16 draft).
-# UPTO runs that many prompts in all (default: the size the issue asks for). Every run writes
-# its results after each prompt and resumes with `--resume`, so a run can stop (or be killed) and go on later,
-# losing at most the prompt in progress; rerun with a larger UPTO to extend it. Each run's results are also kept,
-# compressed and without the prompts' text, in benchmarks/results/NAME.json.gz (committed; `verispec archive`), and a
-# run resumes from there on a machine that lacks results/full/NAME.json. On the 2-core CPU these runs take
-# about 30 hours together, far more than one session, hence the resumability.
+# RUN is one of:
+#   sd-humaneval-T0 sd-dev-T0 sd-humaneval-T1 sd-dev-T1   ar, draft, sd at γ = 1..6 and transformers' peers
+#   draft-bf16-humaneval-T0 draft-bf16-dev-T0             the same prompts, sd with a bfloat16 draft
+#   multipath-T0.6 multipath-T1.0                         sd, bv and every multi-path verifier at K = 2..4, γ = 4, 8
+#   fixed-blocks-T0.6 fixed-blocks-T1.0                   every verifier's exact E[τ] on shared drafted blocks
+#   sprinter-T0 sprinter-T1                               SPRINTER's speed against quality (trains its verifier first)
+#   profile                                               the cost model's hardware profiles (oneDNN and torch linears)
+# UPTO runs that many prompts in all (default: the full size). Every bench run writes its results after each prompt
+# and resumes with `--resume`, so a run can stop (or be killed) and go on later, losing at most the prompt in
+# progress; rerun with a larger UPTO to extend it. Each run's results are also kept, compressed and without the
+# prompts' text, in benchmarks/results/NAME.json.gz (committed; `verispec archive`), and a run resumes from there on
+# a machine that lacks results/full/NAME.json. On a 2-core CPU these runs take about 30 hours together.
 #
 # Prompt sets. Evaluation prompts never overlap SPRINTER's training prompts: the verifiers are trained on the dev
-# split shuffled with seed 0, positions 0-31; issues 3 and 4 use positions 100+ of shuffles with seed 0; issue 5
-# uses the dev split's short categories in seed-1 order with every training prompt removed (checked against the
-# training manifest's prompt ids).
+# split shuffled with seed 0, positions 0-31; the sd, multipath and fixed-blocks runs use positions 100+ of
+# shuffles with seed 0; the sprinter runs use the dev split's short categories in seed-1 order with every training
+# prompt removed (checked against the training manifest's prompt ids).
 set -euo pipefail
 export HF_HUB_OFFLINE=1
 V=".venv/bin/python -m verispec"
@@ -34,7 +38,7 @@ bench() {  # bench NAME UPTO ARGS...: one resumable run into $OUT/NAME.json, wit
   shift 2
   # $OUT is not committed and does not outlive the machine; the archive in $ARCHIVE (prompt texts left out) is.
   # Resume from the archive when the results file is not here; the bench rewrites the archive after every prompt
-  # (--archive), so a session cut off mid-run still leaves every finished prompt in a file git tracks.
+  # (--archive), so a run stopped mid-way still leaves every finished prompt in a file git tracks.
   if [ ! -f "$OUT/$name.json" ] && [ -f "$ARCHIVE/$name.json.gz" ]; then
     $V archive unpack "$ARCHIVE/$name.json.gz" "$OUT/$name.json"
   fi
@@ -42,22 +46,22 @@ bench() {  # bench NAME UPTO ARGS...: one resumable run into $OUT/NAME.json, wit
     --archive "$ARCHIVE/$name.json.gz" --report
 }
 
-issue3_prompts() {  # issue3_prompts SOURCE: sets PROMPTS, issue 3's prompts (dev positions 100+, or HumanEval)
+sd_prompts() {  # sd_prompts SOURCE: sets PROMPTS, the sd runs' prompts (dev positions 100+, or HumanEval)
   if [ "$1" = dev ]; then PROMPTS=(--prompts "$DEV" --subset-seed 0 --offset 100); else PROMPTS=(--prompts humaneval --subset-seed 0); fi
 }
 
-issue3() {  # issue3 SOURCE TEMPERATURE UPTO
-  issue3_prompts "$1"
-  bench "issue3-$1-T$2" "$3" "${PROMPTS[@]}" --temperature "$2" \
+sd_run() {  # sd_run SOURCE TEMPERATURE UPTO: sd against ar, the draft alone and transformers' peers
+  sd_prompts "$1"
+  bench "sd-$1-T$2" "$3" "${PROMPTS[@]}" --temperature "$2" \
     --methods ar draft sd:gamma=1 sd:gamma=2 sd:gamma=4 sd:gamma=6 hf-generate \
               hf-assisted:gamma=1 hf-assisted:gamma=2 hf-assisted:gamma=4 hf-assisted:gamma=6 \
     --compare-to hf-assisted:gamma=4
 }
 
-issue4() {  # issue4 TEMPERATURE UPTO: every multi-path method at K = 2..4 (K = 1 is sd / bv), gamma 4 and 8
+multipath() {  # multipath TEMPERATURE UPTO: every multi-path method at K = 2..4 (K = 1 is sd / bv), gamma 4 and 8
   local methods=(ar sd:gamma=4 sd:gamma=8 bv:gamma=4 bv:gamma=8)
   for k in 2 3 4; do for g in 4 8; do for m in gbv specinfer spectr nss; do methods+=("$m:paths=$k,gamma=$g"); done; done; done
-  bench "issue4-T$1" "$2" --prompts "$DEV" --category "${SHORT[@]}" --subset-seed 0 --offset 100 \
+  bench "multipath-T$1" "$2" --prompts "$DEV" --category "${SHORT[@]}" --subset-seed 0 --offset 100 \
     --temperature "$1" --methods "${methods[@]}" --compare-to bv:gamma=4
 }
 
@@ -93,9 +97,9 @@ PY
   fi
 }
 
-issue5_prompts() {  # the held-out evaluation prompts, written once
-  [ -f "$OUT/issue5_prompts.jsonl" ] && return
-  $PY - "$DEV" "${SHORT[@]}" <<'PY' > "$OUT/issue5_prompts.jsonl"
+sprinter_prompts() {  # the held-out evaluation prompts, written once
+  [ -f "$OUT/sprinter_prompts.jsonl" ] && return
+  $PY - "$DEV" "${SHORT[@]}" <<'PY' > "$OUT/sprinter_prompts.jsonl"
 import json
 import sys
 from verispec.bench.datasets import load_prompts
@@ -111,36 +115,51 @@ for p in held_out[:40]:
 PY
 }
 
-issue5() {  # issue5 TEMPERATURE UPTO
+sprinter_run() {  # sprinter_run TEMPERATURE UPTO
   local t=$1 features=token
   [ "$t" = 0 ] && features=context  # at T = 0, q is one-hot: q(x) and its entropy carry nothing
   sprinter_verifier "$t" "$features"
   sprinter_verifier "$([ "$t" = 0 ] && echo 1 || echo 0)" "$([ "$t" = 0 ] && echo token || echo context)"
-  issue5_prompts
+  sprinter_prompts
   local sprinters=(sprinter:tau=0.5)
   for tau in $(cat "results/sprinter/taus_T$t.txt"); do sprinters+=("sprinter:tau=$tau"); done
-  bench "issue5-T$t" "$2" --prompts "$OUT/issue5_prompts.jsonl" --temperature "$t" \
+  bench "sprinter-T$t" "$2" --prompts "$OUT/sprinter_prompts.jsonl" --temperature "$t" \
     --verifier "results/sprinter/verifier_T$t.safetensors" \
     --methods ar draft sd:gamma=4 "${sprinters[@]}" sprinter-exact:tau=0.5 --compare-to sd:gamma=4 --quality
-  $V pareto "$OUT/issue5-T$t.json" --out "$OUT/issue5-T${t}_pareto.png"
+  $V pareto "$OUT/sprinter-T$t.json" --out "$OUT/sprinter-T${t}_pareto.png"
 }
 
-draft_bf16() {  # draft_bf16 SOURCE UPTO: issue 3's prompts with the draft in bfloat16 (the target stays float32)
-  issue3_prompts "$1"
+draft_bf16() {  # draft_bf16 SOURCE UPTO: the sd runs' prompts with the draft in bfloat16 (the target stays float32)
+  sd_prompts "$1"
   bench "draft-bf16-$1-T0" "$2" "${PROMPTS[@]}" --temperature 0 --draft-dtype bfloat16 \
     --methods ar draft sd:gamma=2 sd:gamma=4 sd:gamma=6
 }
 
+fixed_blocks() {  # fixed_blocks TEMPERATURE UPTO: exact E[τ] of every verifier on the same drafted blocks
+  local name="fixed-blocks-T$1"
+  $V fixed-blocks --prompts "$DEV" --category "${SHORT[@]}" --subset-seed 0 --offset 100 --limit "$2" \
+    --temperature "$1" --out "$OUT/$name.json"
+  gzip -n -c "$OUT/$name.json" > "$ARCHIVE/$name.json.gz"  # -n: no timestamp, so the same results give the same bytes
+}
+
+profiles() {  # the cost model's profiles: verispec's oneDNN linears, and transformers' own linears for the peers
+  $V profile --out results/profile_cpu_fp32_onednn.json
+  $V profile --linear-backend torch --out results/profile_cpu_fp32_torch.json
+}
+
 case "$RUN" in
-  issue3-humaneval-T0) issue3 humaneval 0 "${2:-20}" ;;
-  issue3-dev-T0) issue3 dev 0 "${2:-20}" ;;
-  issue3-humaneval-T1) issue3 humaneval 1 "${2:-20}" ;;
-  issue3-dev-T1) issue3 dev 1 "${2:-20}" ;;
-  issue4-T0.6) issue4 0.6 "${2:-20}" ;;
-  issue4-T1.0) issue4 1.0 "${2:-20}" ;;
-  issue5-T0) issue5 0 "${2:-40}" ;;
-  issue5-T1) issue5 1 "${2:-40}" ;;
-  draft-bf16-humaneval-T0) draft_bf16 humaneval "${2:-20}" ;;  # not asked by an issue: a cheaper draft
+  sd-humaneval-T0) sd_run humaneval 0 "${2:-20}" ;;
+  sd-dev-T0) sd_run dev 0 "${2:-20}" ;;
+  sd-humaneval-T1) sd_run humaneval 1 "${2:-20}" ;;
+  sd-dev-T1) sd_run dev 1 "${2:-20}" ;;
+  multipath-T0.6) multipath 0.6 "${2:-20}" ;;
+  multipath-T1.0) multipath 1.0 "${2:-20}" ;;
+  fixed-blocks-T0.6) fixed_blocks 0.6 "${2:-20}" ;;
+  fixed-blocks-T1.0) fixed_blocks 1.0 "${2:-20}" ;;
+  sprinter-T0) sprinter_run 0 "${2:-40}" ;;
+  sprinter-T1) sprinter_run 1 "${2:-40}" ;;
+  draft-bf16-humaneval-T0) draft_bf16 humaneval "${2:-20}" ;;
   draft-bf16-dev-T0) draft_bf16 dev "${2:-20}" ;;
+  profile) profiles ;;
   *) echo "unknown run: $RUN" >&2; exit 2 ;;
 esac

@@ -1,4 +1,4 @@
-"""Closed forms of verispec.theory (ALGORITHMS.md §3.3, §3.4, §3.9) against identities and Monte-Carlo runs.
+"""Closed forms of verispec.theory (docs/algorithms.md §3.3, §3.4, §3.9) against identities and Monte-Carlo runs.
 
 Monte-Carlo comparisons allow 5 standard errors: a correct formula fails with probability about 6e-7 each
 (normal approximation), the FALSE_ALARM rate of tests/stats.py.

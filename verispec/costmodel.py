@@ -1,6 +1,6 @@
 """A cost model: price a decode's recorded counts with a hardware profile to predict its wall time per token.
 
-ALGORITHMS.md §3.4 writes SD latency per token as [γ·c_q + c_p] / E[N]. Here every count a trace records is priced
+docs/algorithms.md §3.4 writes SD latency per token as [γ·c_q + c_p] / E[N]. Here every count a trace records is priced
 on its own, so one model covers every method (multi-path trees, SPRINTER's variable runs, transformers' peers):
 
     time = Σ_target forwards t_p(k, L) + Σ_draft forwards t_q(k, L)                  (k new tokens, L cached ones)

@@ -1,7 +1,7 @@
 """Draft proposals: K i.i.d. paths of length γ from the draft model, one forward per depth for all paths.
 
 With K = 1 this is plain autoregressive drafting. With K > 1 the K paths are fed as a tree after the committed
-sequence (tree attention), so one draft forward per depth serves all paths (ALGORITHMS.md §2.1, "Drafting").
+sequence (tree attention), so one draft forward per depth serves all paths (docs/algorithms.md §2.1, "Drafting").
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ class Engine:
         while len(tokens) - n_prompt < config.max_new_tokens:
             remaining = config.max_new_tokens - (len(tokens) - n_prompt)
             # A round emits at most gamma+1 tokens: never draft what cannot be kept (a rule on counts only,
-            # so it keeps the method lossless, ALGORITHMS.md §1.4 "Variable γ").
+            # so it keeps the method lossless, docs/algorithms.md §1.4 "Variable γ").
             length = config.cap if method.learned_stop else config.gamma
             gamma = min(length, remaining - 1) if drafter is not None else 0
 

@@ -76,7 +76,7 @@ METHODS: dict[str, Method] = {
         Method("ar", "autoregressive decoding of the target (the baseline)", "target", False, token_verify, True),
         Method("draft", "autoregressive decoding of the draft alone (the quality floor)", "draft", False,
                token_verify, False),
-        Method("sd", "speculative sampling: token-level verification (ALGORITHMS.md §0)", "target", True,
+        Method("sd", "speculative sampling: token-level verification (docs/algorithms.md §0)", "target", True,
                token_verify, True, expected_accepted=_law_mean(token_verify_law)),
         Method("bv", "block verification: a joint accept rule over the whole block (§1)", "target", True,
                block_verify, True, expected_accepted=_law_mean(block_verify_law)),

@@ -1,7 +1,7 @@
 """Logits -> the distribution actually sampled from (temperature, top-k, top-p), and seeded sampling.
 
 Draft and target logits go through the same `process_logits`, and verification always sees these processed
-distributions (ALGORITHMS.md §0: "verification must use exactly the distributions that were sampled").
+distributions (docs/algorithms.md §0: "verification must use exactly the distributions that were sampled").
 Probabilities are float64: the verification rules divide and subtract them, and the vocabularies are small
 enough (γ+1 rows) that the extra precision costs nothing measurable.
 """

@@ -1,4 +1,4 @@
-"""Closed-form predictions for SPRINTER (ALGORITHMS.md §3.3, §3.4, §3.8, §3.9), to set against measurements.
+"""Closed-form predictions for SPRINTER (docs/algorithms.md §3.3, §3.4, §3.8, §3.9), to set against measurements.
 
 Notation (p = target, q = draft, one position with its context): a(x) is the probability that the verifier accepts
 the draft token x; η_TP = P(accept | q(x) ≤ λp(x)) and η_FP = P(accept | q(x) > λp(x)); α = P_{x~q}(q(x) ≤ λp(x));

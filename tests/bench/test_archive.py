@@ -111,7 +111,7 @@ def test_bench_rewrites_the_archive_after_every_prompt_so_a_cut_off_run_keeps_it
 
     def cut_off_at_the_third_prompt(decoder, config, method, prompt, index, *args, **kwargs):
         if index == 2:
-            raise KeyboardInterrupt  # as when a session ends mid-run
+            raise KeyboardInterrupt  # as when a run is stopped mid-way
         return original(decoder, config, method, prompt, index, *args, **kwargs)
 
     monkeypatch.setattr(runner, "decode_one", cut_off_at_the_third_prompt)

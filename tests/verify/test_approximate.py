@@ -1,4 +1,4 @@
-"""SPRINTER's approximate verification (ALGORITHMS.md §3.1, §3.3): exact laws on tabular models.
+"""SPRINTER's approximate verification (docs/algorithms.md §3.1, §3.3): exact laws on tabular models.
 
 A round is enumerated exactly: every drafted run, every decision of an oracle verifier that accepts acceptable
 tokens (q ≤ λp) with probability η_TP and the others with η_FP, then `sprinter_verify_law`'s BlockLaw.

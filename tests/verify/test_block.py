@@ -1,4 +1,4 @@
-"""Block verification (ALGORITHMS.md §1) is lossless, matches §1.5's marginals, and never accepts less than TV."""
+"""Block verification (docs/algorithms.md §1) is lossless, matches §1.5's marginals, and never accepts less than TV."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Multi-path verifiers (ALGORITHMS.md §2): exact enumeration of GBV and the §2.9 baselines, Monte-Carlo samplers."""
+"""Multi-path verifiers (docs/algorithms.md §2): GBV and the §2.9 baselines by exact enumeration, samplers by MC."""
 
 from __future__ import annotations
 

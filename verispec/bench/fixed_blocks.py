@@ -11,7 +11,7 @@ lossless, so they follow the target's law): positions 0, stride, 2·stride, ... 
 context `draws` i.i.d. draft paths of the longest γ are drawn in one batched pass per depth, and the target scores
 their prefix tree in one pass. The γ-block of a path is its first γ tokens, so every γ reuses the same draws.
 A single-path verifier's E[τ] at a context is the mean over the `draws` paths taken one at a time; a K-path
-verifier's, the mean over the draws // K disjoint groups of K paths. Block efficiency = 1 + E[τ] (ALGORITHMS.md
+verifier's, the mean over the draws // K disjoint groups of K paths. Block efficiency = 1 + E[τ] (docs/algorithms.md
 §0), averaged over contexts; intervals are 95% bootstrap intervals over prompts (paired for the ratios).
 """
 

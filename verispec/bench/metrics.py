@@ -1,6 +1,6 @@
 """Benchmark metrics, all computed from the per-prompt records (each holds one decode's `Trace.to_dict()`).
 
-Per method (notation of ALGORITHMS.md §3.4; p = target, q = draft):
+Per method (notation of docs/algorithms.md §3.4; p = target, q = draft):
 
 * wall time per generated token = Σ time_total / Σ generated over the prompts (token-weighted);
 * speedup vs the baseline = (baseline seconds per token) / (method seconds per token), same prompts. Its 95%
@@ -15,7 +15,7 @@ Per method (notation of ALGORITHMS.md §3.4; p = target, q = draft):
   τ < drafted. This is the maximum-likelihood estimate of the i.i.d. acceptance probability from rounds cut at the
   first rejection, and it is the α of the speedup formula (β of §3.4);
 * mean accepted length = Σ τ / rounds; target and draft calls per generated token;
-* theoretical SD speedup (Leviathan et al. 2023; ALGORITHMS.md §3.4, SD latency per token [γ·c_q + c_p]/E[N_SD]):
+* theoretical SD speedup (Leviathan et al. 2023; docs/algorithms.md §3.4, SD latency per token [γ·c_q + c_p]/E[N_SD]):
 
       S = (1 − α^{γ+1}) / ((1 − α)(γ·c + f))
 

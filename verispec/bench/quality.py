@@ -12,7 +12,7 @@
   target's tokenizer. At temperature 0 a lossless method scores 1; at temperature > 0 two correct samplers still
   differ, so it measures closeness to one target sample, not correctness. Against a prompt set's reference
   answer it is computed on **whitespace-separated words** of the decoded text (the reference is text).
-* The `draft` method (the draft alone, no target calls) is the quality floor the SPRINTER review asked for.
+* The `draft` method (the draft alone, no target calls) is the quality floor: the draft-only control of §3.8.
 
 Aggregates over a method's prompts (`summarize_quality`), each with a 95% percentile-bootstrap interval over
 prompts (prompts resampled with replacement, `numpy.random.default_rng(seed)`): NLL per token = Σ NLL / Σ tokens

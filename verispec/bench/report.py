@@ -138,7 +138,7 @@ SPRINTER_NOTE = (
     "verifier's acceptance rate on tokens below the cap; α = share of drafted tokens acceptable (q(x) ≤ p(x) in the "
     "round's target pass); pass rate = the checked token's SD pass rate; T = tokens drafted per round, N = tokens "
     "committed per round (T + 1 on a pass), over the rounds that ended at a rejection or at the cap; E[T] = "
-    "(1 − π^C)/(1 − π) and E[N] = E[T] + pass rate (ALGORITHMS.md §3.4, i.i.d. verifier decisions); error "
+    "(1 − π^C)/(1 − π) and E[N] = E[T] + pass rate (docs/algorithms.md §3.4, i.i.d. verifier decisions); error "
     "autocorrelation: lag-1 correlation of verifier errors (accept ≠ acceptable) between consecutive tokens of a run "
     "(i.i.d.: 0). TV columns, over the positions the verifier steers: TV(p, q); TV(out, p) = mean ε = Σ_v a(v)·"
     "(q(v) − p(v))_+, exact per position given the verifier's decision a(v) on every token (§3.3); predicted "
@@ -296,7 +296,7 @@ def render_markdown(results: dict[str, Any], profile: Any = None, peer_profile: 
                           "both decoded" if cfg.get("compare_to") else "")
         + ". α: per-position acceptance probability, accepted / (accepted + rejections). c: draft cost per "
         "drafted token and f: target cost of a γ+1-token block, both relative to a measured 1-token target forward; "
-        "theoretical speedup (1 − α^{γ+1}) / ((1 − α)(γc + f)) (ALGORITHMS.md §3.4).",
+        "theoretical speedup (1 − α^{γ+1}) / ((1 − α)(γc + f)) (docs/algorithms.md §3.4).",
     ]
     if any(r["trace"]["rounds"] for r in results["records"]):
         if baseline in cfg["methods"]:

@@ -1,4 +1,4 @@
-"""SPRINTER's theory set against its own decode traces (ALGORITHMS.md §3.4, §3.8), for bench reports.
+"""SPRINTER's theory set against its own decode traces (docs/algorithms.md §3.4, §3.8), for bench reports.
 
 Every SPRINTER round drafts T tokens, the verifier scoring each; the round ends at the first rejection or at the
 cap C, and one target pass checks the last token (N = T tokens plus a bonus on a pass, T on a fail). Because that

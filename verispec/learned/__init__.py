@@ -1,4 +1,4 @@
-"""SPRINTER's learned verifier (ALGORITHMS.md §3.2): collect labelled draft tokens, train, calibrate, evaluate.
+"""SPRINTER's learned verifier (docs/algorithms.md §3.2): collect labelled draft tokens, train, calibrate, evaluate.
 
 Pipeline: `collect` (draft + target over training prompts) -> `train_verifier` (logistic regression, BCE) ->
 `calibrate` (the threshold τ) -> `LearnedVerifier.save/load` (one safetensors file) -> `evaluate_verifier`.

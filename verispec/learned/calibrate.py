@@ -1,4 +1,4 @@
-"""Choosing the verifier's threshold τ on validation data (ALGORITHMS.md §3.2–§3.4). Accept when score ≥ τ.
+"""Choosing the verifier's threshold τ on validation data (docs/algorithms.md §3.2–§3.4). Accept when score ≥ τ.
 
 Three rules:
 - default: τ = 0.5, the released code's and the paper's value (§3.2, §3.9);

@@ -1,4 +1,4 @@
-"""`verispec verifier collect|train|eval`: SPRINTER's verifier pipeline (ALGORITHMS.md §3.2, §3.8).
+"""`verispec verifier collect|train|eval`: SPRINTER's verifier pipeline (docs/algorithms.md §3.2, §3.8).
 
 Each subcommand parses into a typed config (whose defaults it reads, never restates) and calls the library.
 """

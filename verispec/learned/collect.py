@@ -1,4 +1,4 @@
-"""Training data for SPRINTER's verifier (ALGORITHMS.md §3.2): one row per drafted token, labelled by the target.
+"""Training data for SPRINTER's verifier (docs/algorithms.md §3.2): one row per drafted token, labelled by the target.
 
 Per prompt the trajectory follows §3.2: the draft proposes x ~ q(·|ctx); the row records the draft's hidden state
 that produced q, x, q(x), p(x), H(q), TV(p, q), the position in the run and the label 1{q(x) ≤ λ·p(x)}; the

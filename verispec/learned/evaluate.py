@@ -1,4 +1,4 @@
-"""How good a verifier is (ALGORITHMS.md §3.8): ROC/AUC, accuracy vs the majority class, and the operating point.
+"""How good a verifier is (docs/algorithms.md §3.8): ROC/AUC, accuracy vs the majority class, and the operating point.
 
 Definitions (labels from the true p and q, label 1 = acceptable, q(x) ≤ λ·p(x)):
 - η_FP = P(verifier accepts | label 0): the false-positive rate, the quality budget (§3.3: TV = η_FP·TV(p, q));

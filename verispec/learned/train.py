@@ -1,4 +1,4 @@
-"""Training SPRINTER's verifier: logistic regression with BCE (ALGORITHMS.md §3.2), then τ calibration.
+"""Training SPRINTER's verifier: logistic regression with BCE (docs/algorithms.md §3.2), then τ calibration.
 
 Differences from the released `train.py` (§3.2), all options: the validation split is by prompt (rows of one
 trajectory are correlated, so a row split would leak), features are standardised (folded back into w and b at the

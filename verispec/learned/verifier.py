@@ -1,4 +1,4 @@
-"""SPRINTER's learned verifier: logistic regression on the draft's hidden state (ALGORITHMS.md §3.2), one file.
+"""SPRINTER's learned verifier: logistic regression on the draft's hidden state (docs/algorithms.md §3.2), one file.
 
 Two feature sets (§3.8 question 1):
 - `context` (the released design): the draft's last-layer hidden state at the last context position, the state

@@ -1,6 +1,6 @@
 """Pure verification algorithms of speculative decoding.
 
-Glossary (ALGORITHMS.md §0; p = target, q = draft, always):
+Glossary (docs/algorithms.md §0; p = target, q = draft, always):
 - **draft block**: the γ tokens x_1..x_γ proposed by the draft in one round, with the draft conditionals
   q[i] = q(·|x^i) for i = 0..γ-1, and the target conditionals p[i] = p(·|x^i) for i = 0..γ from one target pass.
 - **accepted tokens** (τ): the prefix x_1..x_τ of the block that is kept, 0 ≤ τ ≤ γ.

@@ -1,4 +1,4 @@
-"""SPRINTER's target-side step (ALGORITHMS.md §3.1): approximate verification, **not lossless**.
+"""SPRINTER's target-side step (docs/algorithms.md §3.1): approximate verification, **not lossless**.
 
 A SPRINTER round drafts T tokens, stopping when the learned verifier rejects a token or at the cap. The target
 then checks only the last one: the first T−1 tokens are committed unchecked (the verifier already accepted them),

@@ -1,4 +1,4 @@
-"""Block verification (BV, Sun et al. 2024; ALGORITHMS.md §1), lossless and optimal among single-path verifiers."""
+"""Block verification (BV, Sun et al. 2024; docs/algorithms.md §1), lossless and optimal among single-path verifiers."""
 
 from __future__ import annotations
 

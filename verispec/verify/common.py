@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 # The draft probability of a drafted token cannot be 0 in exact arithmetic; clamp it so that a rounding
-# error cannot divide by zero (ALGORITHMS.md §1.4, "q(x_i) = 0 for a drafted token").
+# error cannot divide by zero (docs/algorithms.md §1.4, "q(x_i) = 0 for a drafted token").
 MIN_DRAFT_PROB = 1e-300
 
 

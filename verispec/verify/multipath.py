@@ -1,4 +1,4 @@
-"""Multi-path verifiers over K i.i.d. draft paths (ALGORITHMS.md §2): GBV, and the baselines of §2.9.
+"""Multi-path verifiers over K i.i.d. draft paths (docs/algorithms.md §2): GBV, and the baselines of §2.9.
 
 The contract (shapes, prefix tree, `MultiPathResult`) is in `verispec.verify.tree`. All verifiers are lossless.
 - GBV (§2.2–2.6) selects one path greedily, then runs BV on it against the skewed draft law of the selection;

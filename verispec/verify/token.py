@@ -1,4 +1,4 @@
-"""Standard token verification (TV, speculative sampling; ALGORITHMS.md §0), lossless."""
+"""Standard token verification (TV, speculative sampling; docs/algorithms.md §0), lossless."""
 
 from __future__ import annotations
 

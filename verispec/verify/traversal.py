@@ -1,4 +1,4 @@
-"""Traversal verification (Weng et al., arXiv 2505.12398) over K draft paths, as in ALGORITHMS.md §2.9.
+"""Traversal verification (Weng et al., arXiv 2505.12398) over K draft paths, as in docs/algorithms.md §2.9.
 
 The procedure is deterministic except for one coin per visited leaf: take the first leaf in DFS order and accept
 it with probability equal to its weight; on rejection delete it and update its parent (§2.9 steps 1–4). So its

@@ -1,4 +1,4 @@
-"""The multi-path contract (ALGORITHMS.md §2.1): K i.i.d. draft paths, merged into a prefix tree.
+"""The multi-path contract (docs/algorithms.md §2.1): K i.i.d. draft paths, merged into a prefix tree.
 
 Every multi-path verifier takes
 - draft_tokens: [K, γ] long, K paths drawn i.i.d. from the draft, each autoregressively;

@@ -1,4 +1,4 @@
-"""Issue 4's tables in BENCHMARKS.md (§4c, §4d) from one results file of `benchmarks/run_full.sh issue4-T*`.
+"""The multi-path verification tables of BENCHMARKS.md from one results file of `benchmarks/run_full.sh multipath-T*`.
 
 Prints markdown: the prompts' facts, one row per method (wall time and block efficiency with 95% intervals, α,
 block efficiency and speed against BV at the same γ and speed against `ar`, the time split, tokens per target
@@ -6,10 +6,10 @@ pass), BV against token verification per γ, and per category α and GBV's block
 number comes from `verispec.bench.metrics` (the report's "Block efficiency and wall time" section compares against
 one method only; here each method is set against BV at its own γ).
 
-    .venv/bin/python benchmarks/issue4_tables.py results/full/issue4-T0.6.json [--first N] [--divergence]
+    .venv/bin/python benchmarks/multipath_tables.py results/full/multipath-T0.6.json [--first N] [--divergence]
 
-`--first N` keeps prompts 0..N-1 only (to reproduce a table written when the run had N prompts). `--divergence`
-adds, per γ, where the seed-sharing SD and BV decodes of each prompt part ways and how each fares after (§4f).
+`--first N` keeps prompts 0..N-1 only (a table of a run's first N prompts). `--divergence` adds, per γ, where the
+seed-sharing SD and BV decodes of each prompt part ways and how each fares after.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def prompt_facts(records: list[dict[str, Any]]) -> str:
 
 
 def run_speeds(records: list[dict[str, Any]], runs: list[dict[str, Any]]) -> str:
-    """Return one line giving `ar`'s ms/token in each run of the file, to show how fast each session's machine was.
+    """Return one line giving `ar`'s ms/token in each run of the file, to show how fast each run's machine was.
 
     A resumed run mixes machines; the ratios against BV and `ar` pair methods within a prompt (one machine), but the
     absolute ms/token of a row blends the runs' speeds.
@@ -199,9 +199,9 @@ def category_table(records: list[dict[str, Any]], methods: list[str]) -> list[st
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Print issue 4's tables for one results file."""
+    """Print the multi-path tables for one results file."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("results", help="a results file of `benchmarks/run_full.sh issue4-T*`")
+    parser.add_argument("results", help="a results file of `benchmarks/run_full.sh multipath-T*`")
     parser.add_argument("--first", type=int, default=None, help="keep prompts 0..N-1 only")
     parser.add_argument("--divergence", action="store_true",
                         help="also print where the seed-sharing SD and BV decodes part ways, per γ")
