@@ -124,6 +124,19 @@ class Decoder:
         """Return the token ids that end generation: the tokenizer's EOS and the model's generation EOS ids."""
         return eos_token_ids(self.model(role))
 
+    def engine(self, method: str) -> Engine:
+        """Return an `Engine` over the models `method` needs (loaded on first use), for decoding token ids."""
+        spec = get_method(method)
+        models = self.models_for(method)
+        verifier = self.verifier() if spec.learned_stop else None
+        return Engine(models.get("target"), models.get("draft"), self.eos_token_ids(spec.decoder), verifier)
+
+    def models_for(self, method: str) -> dict[str, HFCausalLM]:
+        """Return the models `method` runs, by role ("target", "draft"), loading them on first use."""
+        spec = get_method(method)
+        roles = {spec.decoder} | ({"draft"} if spec.speculative else set())
+        return {role: self.model(role) for role in sorted(roles, reverse=True)}  # target first
+
     def generate(
         self,
         prompt: str,
@@ -146,13 +159,10 @@ class Decoder:
             cap=cap, tau=tau,
         )
         check_prompt(prompt)
-        spec = get_method(method)
-        roles = {spec.decoder} | ({"draft"} if spec.speculative else set())
-        models = {role: self.model(role) for role in sorted(roles, reverse=True)}  # target first
+        models = self.models_for(method)
         prompt_ids = self.encode_prompt(prompt, chat_template)
         check_context(len(prompt_ids), max_new_tokens, models.get("target"), models.get("draft"))
-        verifier = self.verifier() if spec.learned_stop else None
-        engine = Engine(models.get("target"), models.get("draft"), self.eos_token_ids(spec.decoder), verifier)
+        engine = self.engine(method)
         out = engine.decode(prompt_ids, config)
         text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)
         return Generation(text, out.tokens, len(prompt_ids), out.stopped_at_eos, config, out.trace)

@@ -181,10 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     from verispec.bench.cli import register as register_bench
     from verispec.learned.cli import register as register_verifier
     from verispec.profile import register as register_profile
+    from verispec.serve.cli import register as register_serve
 
     register_bench(sub)
     register_verifier(sub)
     register_profile(sub)
+    register_serve(sub)
     return parser
 
 

@@ -1,0 +1,110 @@
+"""A real server on 127.0.0.1 (a free port) over the tiny models, and a Decoder whose engine a test can hold."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import uvicorn
+
+from verispec import Decoder
+from verispec.serve import ServeConfig, create_app
+
+
+class HeldDecoder(Decoder):
+    """A Decoder whose loading and decoding a test can pause, and whose rounds it can slow down.
+
+    `load_gate`: model loading waits for it. `decode_gate`: each decode waits for it (after setting `decoding`).
+    `round_delay`: seconds added after every round, so a generation lasts long enough to be interrupted.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.load_gate = threading.Event()
+        self.load_gate.set()
+        self.decode_gate = threading.Event()
+        self.decode_gate.set()
+        self.decoding = threading.Event()
+        self.round_delay = 0.0
+        self.rounds: list[int] = []  # rounds run by each decode so far
+
+    def model(self, role: str) -> Any:
+        self.load_gate.wait()
+        return super().model(role)
+
+    def engine(self, method: str) -> Any:
+        engine, held = super().engine(method), self
+
+        class Held:
+            def decode(self, prompt_ids: list[int], config: Any, on_commit: Any = None) -> Any:
+                held.decoding.set()
+                held.decode_gate.wait()
+                held.rounds.append(0)
+
+                def slowed(tokens: list[int]) -> bool | None:
+                    held.rounds[-1] += 1
+                    time.sleep(held.round_delay)
+                    return on_commit(tokens) if on_commit is not None else None
+
+                return engine.decode(prompt_ids, config, slowed)
+
+        return Held()
+
+
+def request(url: str, method: str, path: str, body: bytes | dict | None = None) -> tuple[int, dict, Any]:
+    """Send one HTTP request with the standard library; return (status, headers, decoded JSON or text)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    try:
+        conn.request(method, path, data, {"Content-Type": "application/json"} if data is not None else {})
+        response = conn.getresponse()
+        raw = response.read().decode()
+        headers = {k.lower(): v for k, v in response.getheaders()}
+    finally:
+        conn.close()
+    try:
+        return response.status, headers, json.loads(raw)
+    except ValueError:
+        return response.status, headers, raw
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_server(decoder: Decoder, config: ServeConfig | None = None, wait_ready: bool = True) -> Iterator[Any]:
+    """Run the app on uvicorn in a thread; yield (base URL, app); stop it afterwards."""
+    app = create_app(decoder, config)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    while wait_ready and request(url, "GET", "/health")[0] != 200:
+        assert time.monotonic() < deadline, "the server did not become ready"
+        time.sleep(0.01)
+    try:
+        yield url, app
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_pair):
+    return HeldDecoder(tiny_pair["target"], tiny_pair["partial"])

@@ -1,0 +1,24 @@
+"""The settings of one server (its request defaults are a `DecodeConfig`, the one carrier of decode settings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from verispec.engine import DecodeConfig
+from verispec.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Settings of a server; requests override `defaults` field by field."""
+
+    defaults: DecodeConfig = field(default_factory=DecodeConfig)  # method, γ, K, sampling, seed, max tokens
+    model_name: str = "verispec"  # the one id in /v1/models; requests naming another model get 404
+    max_queue: int = 16  # requests waiting for the engine; one more is answered 429
+    time_limit: float = 600.0  # seconds a generation may run; it then ends at the next round boundary
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_queue, int) or self.max_queue < 1:
+            raise ConfigError(f"max_queue must be an integer >= 1, got {self.max_queue!r}")
+        if not isinstance(self.time_limit, (int, float)) or not self.time_limit > 0:
+            raise ConfigError(f"time_limit must be a number of seconds > 0, got {self.time_limit!r}")

@@ -1,0 +1,52 @@
+"""The server's Prometheus metrics, in a registry of its own (several apps can live in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from verispec.trace import Trace
+
+# Latency buckets from 1 ms to 5 min: tiny models answer in milliseconds, a CPU 1.5B target in tens of seconds.
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class ServerMetrics:
+    """Counters, gauges and histograms of one server."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("verispec_requests", "HTTP requests to the generation endpoints, by final status",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("verispec_prompt_tokens", "prompt tokens of completed requests", registry=r)
+        self.generated_tokens = Counter("verispec_generated_tokens", "completion tokens returned", registry=r)
+        self.target_calls = Counter("verispec_target_forward_calls", "target model forward passes", ["method"],
+                                    registry=r)
+        self.draft_calls = Counter("verispec_draft_forward_calls", "draft model forward passes", ["method"],
+                                   registry=r)
+        self.drafted = Counter("verispec_drafted_tokens", "draft tokens proposed for verification", ["method"],
+                               registry=r)
+        self.accepted = Counter("verispec_accepted_tokens", "draft tokens accepted by the verifier", ["method"],
+                                registry=r)
+        self.queue_length = Gauge("verispec_queue_length", "requests waiting for the engine", registry=r)
+        self.running = Gauge("verispec_requests_running", "requests being generated", registry=r)
+        self.ttft = Histogram("verispec_time_to_first_token_seconds", "request arrival to its first committed token",
+                              ["method"], buckets=_BUCKETS, registry=r)
+        self.itl = Histogram("verispec_inter_token_latency_seconds",
+                             "time between committed tokens (a round's wait shared by the tokens it commits)",
+                             ["method"], buckets=_BUCKETS, registry=r)
+        self.latency = Histogram("verispec_request_latency_seconds", "request arrival to its last token",
+                                 ["method"], buckets=_BUCKETS, registry=r)
+
+    def observe_decode(self, method: str, trace: Trace, prompt_tokens: int, completion_tokens: int) -> None:
+        """Count one finished generation: its tokens and the engine work it took."""
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generated_tokens.inc(completion_tokens)
+        self.target_calls.labels(method).inc(trace.target_calls)
+        self.draft_calls.labels(method).inc(trace.draft_calls)
+        self.drafted.labels(method).inc(sum(r.drafted for r in trace.rounds))
+        self.accepted.labels(method).inc(sum(r.accepted for r in trace.rounds))
+
+    def render(self) -> bytes:
+        """Return the metrics in the Prometheus text format."""
+        return generate_latest(self.registry)

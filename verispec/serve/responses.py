@@ -1,0 +1,80 @@
+"""Response bodies in the OpenAI formats: chat.completion(.chunk) and text_completion, plus the `verispec` block."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from verispec.engine import DecodeConfig
+from verispec.trace import Trace
+
+
+@dataclass(frozen=True)
+class ResponseHeader:
+    """What every body (or chunk) of one response repeats."""
+
+    kind: str  # "chat" or "completion"
+    model: str
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def base(self, chunk: bool) -> dict[str, Any]:
+        if self.kind == "chat":
+            prefix, obj = "chatcmpl-", "chat.completion.chunk" if chunk else "chat.completion"
+        else:
+            prefix, obj = "cmpl-", "text_completion"
+        return {"id": prefix + self.id, "object": obj, "created": self.created, "model": self.model}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def verispec_block(config: DecodeConfig, trace: Trace, timed_out: bool) -> dict[str, Any]:
+    """Return the method and the round statistics of one generation."""
+    return {
+        "method": config.method,
+        "gamma": config.gamma,
+        "paths": config.paths,
+        "rounds": len(trace.rounds),
+        "drafted_tokens": sum(r.drafted for r in trace.rounds),
+        "accepted_tokens": sum(r.accepted for r in trace.rounds),
+        "acceptance_rate": trace.acceptance_rate,
+        "tokens_per_target_call": trace.tokens_per_target_call,
+        "target_calls": trace.target_calls,
+        "draft_calls": trace.draft_calls,
+        "decode_seconds": trace.time_total,
+        "time_limit_reached": timed_out,
+    }
+
+
+def full_body(header: ResponseHeader, text: str, finish_reason: str, usage_: dict[str, int],
+              stats: dict[str, Any]) -> dict[str, Any]:
+    """Return a whole (non-streamed) response."""
+    if header.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return header.base(chunk=False) | {"choices": [choice], "usage": usage_, "verispec": stats}
+
+
+def chunk(header: ResponseHeader, text: str | None, finish_reason: str | None = None,
+          first: bool = False) -> dict[str, Any]:
+    """Return one streamed chunk carrying `text` (and/or the finish reason)."""
+    if header.kind == "chat":
+        delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else {}
+        if text and not first:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    return header.base(chunk=True) | {"choices": [choice]}
+
+
+def usage_chunk(header: ResponseHeader, usage_: dict[str, int], stats: dict[str, Any]) -> dict[str, Any]:
+    """Return the last chunk of a stream asked for `stream_options.include_usage`: no choices, the usage."""
+    return header.base(chunk=True) | {"choices": [], "usage": usage_, "verispec": stats}

@@ -1,0 +1,240 @@
+"""The engine side of the server: one thread runs one generation at a time, first come first served.
+
+The HTTP layer talks to a `Backend` only: it encodes prompts, submits `Job`s and reads their events (an asyncio
+queue fed from the engine thread). `EngineWorker` is the one-request-at-a-time implementation over a `Decoder`; a
+batched engine can replace it by implementing the same small interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from verispec.engine import DecodeConfig
+from verispec.errors import VerispecError
+from verispec.serve.config import ServeConfig
+from verispec.serve.metrics import ServerMetrics
+from verispec.serve.prompts import chat_prompt_ids, context_limit, raw_prompt_ids
+from verispec.serve.schemas import APIError, Message
+from verispec.serve.streaming import TextStream
+from verispec.trace import Trace
+
+log = logging.getLogger("verispec.serve")
+
+
+@dataclass
+class Started:
+    """The engine took the job: the models it needs are there and generation begins."""
+
+
+@dataclass
+class Delta:
+    """Text that became final this round (never empty)."""
+
+    text: str
+
+
+@dataclass
+class Finished:
+    """Generation ended; `text` is what was not sent yet as a Delta."""
+
+    text: str
+    finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens or the time limit)
+    prompt_tokens: int
+    completion_tokens: int
+    trace: Trace
+    timed_out: bool
+
+
+@dataclass
+class Failed:
+    error: APIError
+
+
+Event = Started | Delta | Finished | Failed
+
+
+@dataclass
+class Job:
+    """One generation request on its way through the engine."""
+
+    prompt_ids: list[int]
+    config: DecodeConfig
+    stop: tuple[str, ...] = ()
+    arrival: float = field(default_factory=time.perf_counter)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    _loop: asyncio.AbstractEventLoop | None = None
+    _events: asyncio.Queue | None = None
+
+    def bind(self) -> None:
+        """Attach the job to the running event loop (call from the loop, before submitting)."""
+        self._loop, self._events = asyncio.get_running_loop(), asyncio.Queue()
+
+    def send(self, event: Event) -> None:
+        """Hand `event` to the waiting request (thread-safe; dropped if the loop is gone)."""
+        try:
+            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        except RuntimeError:  # the event loop closed: the server is shutting down
+            pass
+
+    def cancel(self) -> None:
+        """Ask the engine to stop this job at the next round boundary (or to skip it if still queued)."""
+        self.cancelled.set()
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Yield the job's events until it finishes or fails."""
+        while True:
+            event = await self._events.get()
+            yield event
+            if isinstance(event, (Finished, Failed)):
+                return
+
+
+class Backend(Protocol):
+    """What the HTTP layer needs from an engine."""
+
+    metrics: ServerMetrics
+    ready: bool
+    load_error: str | None
+
+    def encode_chat(self, messages: Sequence[Message]) -> list[int]: ...
+    def encode_completion(self, prompt: str | list[str]) -> list[int]: ...
+    def context_limit(self, method: str) -> int | None: ...
+    def submit(self, job: Job) -> None: ...
+    def retry_after(self) -> int: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class EngineWorker:
+    """A `Backend` over a `Decoder`: a bounded FCFS queue consumed by one engine thread."""
+
+    def __init__(self, decoder: Any, config: ServeConfig, metrics: ServerMetrics) -> None:
+        self.decoder, self.config, self.metrics = decoder, config, metrics
+        self.ready = False
+        self.load_error: str | None = None
+        self._queue: queue.Queue[Job] = queue.Queue(maxsize=config.max_queue)
+        self._closing = threading.Event()
+        self._tokenizer_lock = threading.Lock()  # a fast tokenizer must not be used by two threads at once
+        self._mean_seconds = 1.0  # moving average of a generation's duration (queue wait excluded), for Retry-After
+        self._thread = threading.Thread(target=self._run, name="verispec-engine", daemon=True)
+
+    # -- the HTTP side ------------------------------------------------------------------------------------------
+    def encode_chat(self, messages: Sequence[Message]) -> list[int]:
+        with self._tokenizer_lock:
+            return chat_prompt_ids(self.decoder.tokenizer, messages)
+
+    def encode_completion(self, prompt: str | list[str]) -> list[int]:
+        with self._tokenizer_lock:
+            return raw_prompt_ids(self.decoder.tokenizer, prompt)
+
+    def context_limit(self, method: str) -> int | None:
+        return context_limit(self.decoder, method)
+
+    def submit(self, job: Job) -> None:
+        """Queue `job`; raise APIError 429 (with Retry-After) when the queue is full."""
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise APIError(429, f"the server is busy: {self.config.max_queue} requests are already waiting",
+                           headers={"Retry-After": str(self.retry_after())}) from None
+        self.metrics.queue_length.set(self._queue.qsize())
+
+    def retry_after(self) -> int:
+        """Return seconds until a queue slot is likely free: the running generation ends, the head moves up."""
+        return max(1, math.ceil(self._mean_seconds))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the running generation at its next round boundary; answer the requests still waiting 503."""
+        self._closing.set()
+        self._thread.join(timeout=30)
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            job.send(Failed(APIError(503, "the server is shutting down")))
+
+    # -- the engine thread --------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            for role in ("target", "draft"):  # load both now, not on some request's time
+                self.decoder.model(role)
+            self.ready = True
+        except Exception as exc:  # reported by /health and every request's 503, never a traceback to clients
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            log.error("loading the models failed: %s", self.load_error)
+            return
+        while not self._closing.is_set():
+            try:
+                job = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            self.metrics.queue_length.set(self._queue.qsize())
+            if job.cancelled.is_set():  # its client left while it waited
+                job.send(Failed(APIError(499, "the client closed the connection")))
+                continue
+            self.metrics.running.inc()
+            try:
+                self._serve(job)
+            finally:
+                self.metrics.running.dec()
+
+    def _decode_text(self, ids: list[int]) -> str:
+        with self._tokenizer_lock:
+            return self.decoder.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _serve(self, job: Job) -> None:
+        method = job.config.method
+        try:
+            engine = self.decoder.engine(method)
+        except VerispecError as exc:
+            job.send(Failed(APIError(400, str(exc))))
+            return
+        job.send(Started())
+        text = TextStream(self._decode_text, job.stop)
+        start = time.perf_counter()
+        deadline = start + self.config.time_limit
+        clock = {"last": None, "timed_out": False}
+
+        def on_commit(tokens: list[int]) -> bool:
+            now = time.perf_counter()
+            if tokens:
+                if clock["last"] is None:
+                    self.metrics.ttft.labels(method).observe(now - job.arrival)
+                else:
+                    for _ in tokens:  # the round's wait, shared by the tokens it commits
+                        self.metrics.itl.labels(method).observe((now - clock["last"]) / len(tokens))
+                clock["last"] = now
+            delta = text.push(tokens)
+            if delta:
+                job.send(Delta(delta))
+            clock["timed_out"] = now > deadline
+            return text.stopped or clock["timed_out"] or job.cancelled.is_set() or self._closing.is_set()
+
+        try:
+            out = engine.decode(job.prompt_ids, job.config, on_commit)
+        except VerispecError as exc:
+            job.send(Failed(APIError(400, str(exc))))
+            return
+        except Exception as exc:  # a bug or a model failure: the server answers 500 and keeps serving
+            log.exception("generation failed")
+            job.send(Failed(APIError(500, f"generation failed: {type(exc).__name__}: {exc}")))
+            return
+        end = time.perf_counter()
+        self.metrics.latency.labels(method).observe(end - job.arrival)
+        self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (end - start)
+        self.metrics.observe_decode(method, out.trace, len(job.prompt_ids), text.kept_tokens)
+        reason = "stop" if text.stopped or out.stopped_at_eos else "length"
+        job.send(Finished(text.finish(), reason, len(job.prompt_ids), text.kept_tokens, out.trace,
+                          clock["timed_out"] and not (text.stopped or out.stopped_at_eos)))
