@@ -6,7 +6,7 @@ import openai
 import pytest
 
 from tests.serve.conftest import request, running_server
-from verispec.engine import DecodeConfig
+from verispec.engine import MULTIPATH_PATHS, DecodeConfig
 from verispec.serve import ServeConfig
 
 PROMPT = "hello there"  # the tiny target continues it past 40 tokens without EOS
@@ -139,6 +139,7 @@ GOOD = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
         (GOOD | {"verispec": {"tau": 2}}, 400, "verispec.tau", "tau"),
         (GOOD | {"verispec": {"method": "sd", "paths": 2}}, 400, "verispec.paths", "paths must be 1"),
         (GOOD | {"verispec": {"paths": 0}}, 400, "verispec.paths", "paths (K) must be an integer >= 1"),
+        (GOOD | {"verispec": {"method": "gbv", "paths": 1}}, 400, "verispec.paths", "needs paths >= 2"),
         (GOOD | {"verispec": {"colour": 1}}, 400, "verispec.colour", "Extra inputs"),
         (GOOD | {"verispec": {"method": "sprinter"}}, 400, None, "learned verifier"),
         (GOOD | {"n": 2}, 400, "n", "n must be 1"),
@@ -183,3 +184,9 @@ def test_the_openai_client_raises_its_own_errors(client):
 def test_unknown_routes_answer_in_the_error_format(server):
     status, _, body = request(server, "GET", "/v1/nothing")
     assert status == 404 and "error" in body
+
+
+def test_a_request_naming_a_multipath_method_without_paths_gets_its_default_paths(server):
+    status, _, answer = request(server, "POST", "/v1/chat/completions", GOOD | {"verispec": {"method": "gbv"}})
+    assert status == 200, answer
+    assert answer["verispec"]["method"] == "gbv" and answer["verispec"]["paths"] == MULTIPATH_PATHS

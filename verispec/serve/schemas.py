@@ -132,16 +132,18 @@ def settings(request: _Common, defaults: DecodeConfig) -> Settings:
             temperature=_pick(request.temperature, base.temperature), top_k=_pick(options.top_k, base.top_k),
             top_p=_pick(request.top_p, base.top_p),
         )
+        # A request that names another method without K gets that method's default K (DecodeConfig's None).
+        default_paths = defaults.paths if options.method in (None, defaults.method) else None
         config = dataclasses.replace(
             defaults, method=_pick(options.method, defaults.method), gamma=_pick(options.gamma, defaults.gamma),
-            paths=_pick(options.paths, defaults.paths), tau=_pick(options.tau, defaults.tau),
+            paths=_pick(options.paths, default_paths), tau=_pick(options.tau, defaults.tau),
             seed=_pick(request.seed, defaults.seed), max_new_tokens=_pick(max_tokens, defaults.max_new_tokens),
             sampling=sampling,
         )
     except ConfigError as exc:
         message = str(exc)
         param = next((p for prefix, p in _PARAMS.items() if message.startswith(prefix)), None)
-        if "paths must be 1" in message:  # a single-path method given K > 1
+        if "paths must be 1" in message or "needs paths >= 2" in message:  # K that the method cannot take
             param = "verispec.paths"
         if message.startswith("max_new_tokens"):
             message = "max_tokens" + message[len("max_new_tokens"):]
