@@ -36,6 +36,7 @@ from verispec.verify.multipath import (
     tree_walk_expected_accepted,
     tree_walk_law,
 )
+from verispec.verify.relaxed import RelaxedKnobs, relaxed_law, relaxed_verify
 from verispec.verify.token import token_verify, token_verify_law
 from verispec.verify.traversal import traversal_expected_accepted, traversal_verify, traversal_verify_law
 from verispec.verify.tree import MultiPathResult, build_prefix_tree, draw_outcome
@@ -47,6 +48,7 @@ __all__ = [
     "VerifyResult",
     "block_verify",
     "block_verify_law",
+    "RelaxedKnobs",
     "build_prefix_tree",
     "draw",
     "draw_outcome",
@@ -55,6 +57,8 @@ __all__ = [
     "nss_verify",
     "specinfer_verify",
     "spectr_verify",
+    "relaxed_law",
+    "relaxed_verify",
     "sprinter_verify",
     "sprinter_verify_law",
     "token_verify",
