@@ -35,6 +35,7 @@ from verispec.bench.files import write_atomically
 from verispec.bench.flops import add_flops
 from verispec.bench.metrics import summarize
 from verispec.bench.peers import PEERS, peer_generate
+from verispec.bench.execution import execution_problem
 from verispec.bench.quality import quality_records
 from verispec.bench.variants import MethodVariant, parse_method
 from verispec.engine import DecodeConfig
@@ -331,7 +332,8 @@ def run_bench(
         # Scoring happens after the prompt's timed runs, so it never touches a measured decode.
         add_flops(batch, decoder)
         if config.quality:
-            quality_records(batch, decoder, config.chat_template, {index: prompt.reference})
+            quality_records(batch, decoder, config.chat_template, {index: prompt.reference},
+                            {index: execution_problem(prompt)})
         records.extend(batch)
         run["prompts"].append(index)
         save(result())
