@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from verispec.bench.execution import check_completion
 from verispec.errors import ConfigError
 from verispec.models.protocol import CausalLM
 
@@ -109,11 +110,9 @@ def quality_records(
     The quality dict: `nll` (Σ nats), `tokens` (scored), `nll_per_token`, `ppl`, `rouge_l_vs_ar` (token ids, vs the
     same prompt's `ar` record, None when `ar` did not run) and `rouge_l_vs_reference` (words, vs
     `references[prompt_index]`, None without one); with a HumanEval problem in `problems[prompt_index]` also
-    `passed` (1.0 / 0.0, `bench.execution.check_completion`) and `execution` (its status). Prompts are re-encoded as the runner encoded them
-    (`chat_template`); an encoding of another length than the record's `prompt_tokens` is an error.
+    `passed` (1.0 / 0.0, `bench.execution.check_completion`) and `execution` (its status). Prompts are re-encoded
+    as the runner encoded them (`chat_template`); an encoding of another length than the record's `prompt_tokens` is an error.
     """
-    from verispec.bench.execution import check_completion
-
     references, problems = references or {}, problems or {}
     executed: dict[tuple[int, str], Any] = {}  # identical texts are run once
     ar = {r["prompt_index"]: r["tokens"] for r in records if r["method"] == "ar"}

@@ -31,11 +31,11 @@ import torch
 from verispec.api import Decoder
 from verispec.bench.archive import write_archive
 from verispec.bench.datasets import Prompt, load_prompts
+from verispec.bench.execution import execution_problem
 from verispec.bench.files import write_atomically
 from verispec.bench.flops import add_flops
 from verispec.bench.metrics import summarize
 from verispec.bench.peers import PEERS, peer_generate
-from verispec.bench.execution import execution_problem
 from verispec.bench.quality import quality_records
 from verispec.bench.variants import MethodVariant, parse_method
 from verispec.engine import DecodeConfig
