@@ -111,7 +111,8 @@ def quality_records(
     same prompt's `ar` record, None when `ar` did not run) and `rouge_l_vs_reference` (words, vs
     `references[prompt_index]`, None without one); with a HumanEval problem in `problems[prompt_index]` also
     `passed` (1.0 / 0.0, `bench.execution.check_completion`) and `execution` (its status). Prompts are re-encoded
-    as the runner encoded them (`chat_template`); an encoding of another length than the record's `prompt_tokens` is an error.
+    as the runner encoded them (`chat_template`); an encoding of another length than the record's `prompt_tokens`
+    is an error.
     """
     references, problems = references or {}, problems or {}
     executed: dict[tuple[int, str], Any] = {}  # identical texts are run once
