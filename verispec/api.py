@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from verispec.models.hf import HFCausalLM, parse_dtype
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND, load_model
 from verispec.sampling import SamplingConfig
 from verispec.trace import Trace
+from verispec.verify.relaxed import RelaxedKnobs
 
 
 @dataclass
@@ -159,12 +161,17 @@ class Decoder:
         paths: int = DecodeConfig.paths,
         cap: int = DecodeConfig.cap,
         tau: float | None = DecodeConfig.tau,
+        knobs: Mapping[str, float] | None = None,  # the lossy rules' knobs, by DecodeConfig field (typical_epsilon...)
     ) -> Generation:
         """Decode `prompt` with `method`; return the text, the token ids and the trace."""
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+        unknown = sorted(set(knobs or {}) - set(RelaxedKnobs.__dataclass_fields__))
+        if unknown:
+            raise ConfigError(f"unknown knob(s) {', '.join(unknown)}; the lossy rules' knobs are: "
+                              f"{', '.join(RelaxedKnobs.__dataclass_fields__)}")
         config = DecodeConfig(
             method=method, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, paths=paths,
-            cap=cap, tau=tau,
+            cap=cap, tau=tau, **(knobs or {}),
         )
         if not isinstance(prompt, str) or not prompt.strip():
             raise ConfigError("the prompt is empty: give some text to continue")

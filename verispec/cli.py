@@ -29,7 +29,10 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 def _add_decode_options(parser: argparse.ArgumentParser) -> None:
     from verispec.methods import METHODS
 
-    parser.add_argument("--method", default=DecodeConfig.method, help=f"one of {', '.join(METHODS)}")
+    parser.add_argument("--method", default=DecodeConfig.method,
+                        help=f"one of {', '.join(METHODS)}; a lossy rule may carry its knobs, e.g. "
+                             "typical:epsilon=0.09,delta=0.3, margin:delta=0.5, fuzzy:threshold=0.1, "
+                             "fly:entropy=0.3,window=3")
     parser.add_argument("--gamma", type=int, default=DecodeConfig.gamma, help="draft tokens per round")
     parser.add_argument("--temperature", type=float, default=SamplingConfig.temperature, help="0 = greedy")
     parser.add_argument("--top-k", type=int, default=SamplingConfig.top_k, help="0 = off")
@@ -45,16 +48,23 @@ def _add_decode_options(parser: argparse.ArgumentParser) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     """Generate from one prompt; print the text, or the whole result with --json."""
     from verispec.api import Decoder
+    from verispec.bench.variants import parse_method
+    from verispec.methods import METHODS
+    from verispec.verify.relaxed import RelaxedKnobs
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    # --method takes the bench's variant syntax too, e.g. typical:epsilon=0.3,delta=0.09 (bench/variants.py).
+    variant = parse_method(args.method, set(METHODS))
+    settings = {"gamma": args.gamma, "paths": args.paths, "cap": args.cap, "tau": args.tau, **variant.overrides}
+    knobs = {key: settings.pop(key) for key in list(settings) if key in RelaxedKnobs.__dataclass_fields__}
     decoder = Decoder(
         args.target, args.draft, dtype=args.dtype, verifier=args.verifier, linear_backend=args.linear_backend,
         draft_dtype=args.draft_dtype,
     )
     gen = decoder.generate(
-        prompt, method=args.method, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed, chat_template=not args.no_chat_template,
-        paths=args.paths, cap=args.cap, tau=args.tau,
+        prompt, method=variant.name, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens, seed=args.seed, chat_template=not args.no_chat_template, knobs=knobs,
+        **settings,
     )
     if args.json:
         print(json.dumps(gen.to_dict(), indent=2))
