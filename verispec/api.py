@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -162,6 +162,7 @@ class Decoder:
         cap: int = DecodeConfig.cap,
         tau: float | None = DecodeConfig.tau,
         knobs: Mapping[str, float] | None = None,  # the lossy rules' knobs, by DecodeConfig field (typical_epsilon...)
+        stop_text: Callable[[str], bool] | None = None,  # asked after each round with the text so far: True ends it
     ) -> Generation:
         """Decode `prompt` with `method`; return the text, the token ids and the trace."""
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -181,7 +182,11 @@ class Decoder:
         prompt_ids = self.encode_prompt(prompt, chat_template)
         verifier = self.verifier() if spec.learned_stop else None
         engine = Engine(models.get("target"), models.get("draft"), self.eos_token_ids(spec.decoder), verifier)
-        out = engine.decode(prompt_ids, config)
+        stop = None
+        if stop_text is not None:
+            def stop(ids: list[int]) -> bool:
+                return stop_text(self.tokenizer.decode(ids, skip_special_tokens=True))
+        out = engine.decode(prompt_ids, config, stop)
         text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)
         return Generation(text, out.tokens, len(prompt_ids), out.stopped_at_eos, config, out.trace)
 

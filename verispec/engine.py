@@ -8,7 +8,7 @@ so after any rollback the next round simply re-feeds the missing tail: rollback 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -106,8 +106,11 @@ class Engine:
             raise ConfigError(f"method {method.name!r} needs a learned verifier file (verifier=... / --verifier)")
         return decoder, (self.draft if method.speculative else None)
 
-    def decode(self, prompt_ids: Sequence[int], config: DecodeConfig) -> DecodeOutput:
-        """Generate from `prompt_ids` with `config`; return the new tokens and the trace."""
+    def decode(self, prompt_ids: Sequence[int], config: DecodeConfig,
+               stop: Callable[[list[int]], bool] | None = None) -> DecodeOutput:
+        """Generate from `prompt_ids` with `config`; return the new tokens and the trace. `stop`, when given, is
+        asked after every round whether the new tokens are complete (e.g. a function's end); True ends the decode
+        there (the round's tokens are kept whole)."""
         if len(prompt_ids) == 0:
             raise ConfigError("the prompt is empty: give at least one token")
         method = get_method(config.method)
@@ -198,7 +201,7 @@ class Engine:
             trace.time_draft += t1 - t0 + (t2 - t1 if decoder_is_draft else 0.0)
             trace.time_target += 0.0 if decoder_is_draft else t2 - t1
             trace.time_verify += t3 - t2
-            if stopped_at_eos:
+            if stopped_at_eos or (stop is not None and stop(tokens[n_prompt:])):
                 break
 
             # 5. Roll back both caches to the committed tokens they saw: the prefix, then the kept path.

@@ -13,6 +13,7 @@ import pytest
 from verispec.bench.execution import (
     check_completion,
     completion_program,
+    function_end,
     humaneval_problems,
     network_isolation,
     truncate_at_stop,
@@ -174,3 +175,33 @@ def test_the_temporary_directory_is_removed():
     before = set(Path("/tmp").glob("verispec-exec-*"))
     assert check_completion(PROBLEM, body).passed
     assert set(Path("/tmp").glob("verispec-exec-*")) <= before
+
+
+ANSWERS = [
+    "Sure! Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\nThe function adds.\n```python\nx\n```",
+    "```\nimport math\n\ndef add(a, b):\n    return a + b\n\nprint(add(1, 2))\n```",
+    "def add(a, b):\n    return a + b\n\n\nif __name__ == '__main__':\n    print(add(1, 2))\n",
+    "def helper():\n    return 0\n\ndef add(a, b):\n    return a + b + helper()\n# done\nmore",
+    "    return a + b\n\n\ndef unrelated():\n    pass\n",
+    "    return a + b\n",
+    "I cannot answer that.",
+]
+
+
+@pytest.mark.parametrize("answer", ANSWERS)
+def test_stopping_where_function_end_fires_keeps_the_program(answer):
+    """Decoding past the point where `function_end` fires cannot change the program that is scored."""
+    done = function_end(PROBLEM)
+    first = next((n for n in range(1, len(answer) + 1) if done(answer[:n])), None)
+    if first is None:
+        return
+    assert completion_program(PROBLEM, answer[:first]) == completion_program(PROBLEM, answer)
+    assert all(done(answer[:n]) for n in range(first, len(answer) + 1))  # once complete, always complete
+
+
+def test_function_end_fires_on_complete_answers_only():
+    done = function_end(PROBLEM)
+    assert done(ANSWERS[0][: ANSWERS[0].index("The function")])
+    assert not done("Sure! Here it is:\n```python\ndef add(a, b):\n    return a + b\n")  # the fence is open
+    assert not done("def helper():\n    return 0\n\ndef ")  # a helper's end is not the entry point's
+    assert done(ANSWERS[2]) and done(ANSWERS[4]) and not done(ANSWERS[5]) and not done(ANSWERS[6])

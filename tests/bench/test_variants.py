@@ -39,3 +39,31 @@ def test_knobs_parse_to_decode_config_fields(label, overrides):
 def test_bad_knobs_are_one_line_config_errors(label, message):
     with pytest.raises(ConfigError, match=message):
         parse_method(label, KNOWN)
+
+
+class _Recorder:
+    """A stand-in decoder that records what the bench asks it to generate."""
+
+    def generate(self, text, **kwargs):
+        self.kwargs = kwargs
+        return kwargs
+
+
+def test_the_bench_passes_a_variants_knobs_and_the_stop_rule_to_the_decoder():
+    from verispec.bench.datasets import Prompt
+    from verispec.bench.execution import humaneval_problems
+    from verispec.bench.runner import BenchConfig, decode_one
+
+    recorder = _Recorder()
+    config = BenchConfig(methods=["typical:epsilon=0.3,delta=inf"])
+    decode_one(recorder, config, "typical:epsilon=0.3,delta=inf", Prompt("p", "text"), 0)
+    assert recorder.kwargs["method"] == "typical"
+    assert recorder.kwargs["knobs"]["typical_epsilon"] == 0.3 and recorder.kwargs["knobs"]["typical_delta"] == math.inf
+    assert recorder.kwargs["stop_text"] is None
+    try:
+        humaneval_problems()
+    except Exception:  # noqa: BLE001 - the dataset package is optional
+        return
+    config = BenchConfig(methods=["sd"], stop_at_function_end=True)
+    decode_one(recorder, config, "sd", Prompt("HumanEval/0", "text", "code", "humaneval"), 0)
+    assert recorder.kwargs["stop_text"]("```python\ndef has_close_elements(a, b):\n    return 1\n```")

@@ -200,6 +200,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--quality", action="store_true", default=d.quality,
                    help="after the timed runs, score every output: target NLL / perplexity, ROUGE-L vs the ar output "
                         "and vs reference answers (HumanEval, MT-Bench)")
+    g.add_argument("--stop-at-function-end", action="store_true", default=d.stop_at_function_end,
+                   help="HumanEval prompts: end each decode once the function is complete (a closed code fence, or "
+                        "a HumanEval stop sequence after it), where more text could not change its pass@1")
     g.add_argument("--resume", action="store_true",
                    help="keep the prompts already complete in --out (same settings; --limit may grow) and run the "
                         "rest; the file is written after every prompt, so a stopped run loses at most one prompt")

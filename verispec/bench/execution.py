@@ -11,6 +11,8 @@ block (or the whole text without a fence); when it defines the entry point, the 
 the stub, as from a base model. Either way the function ends at HumanEval's stop rule: the first of
 `HUMANEVAL_STOP` ("\\ndef ", "\\nclass ", "\\nif __name__", "\\nprint(", "\\n#") after the entry point's `def`
 line starts a new top-level line, and everything from there is dropped (so are test calls and prints a model adds).
+`function_end` is the same rule as a stop test for generation (`bench --stop-at-function-end`): it fires once
+further text could no longer change the program, so stopping there costs no pass@1.
 
 **Sandbox, and what it does not isolate.** Each program runs as its own process:
 * in a fresh temporary directory (its working directory, HOME and TMPDIR), deleted afterwards;
@@ -45,7 +47,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +55,8 @@ HUMANEVAL_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
 TIMEOUT = 10.0  # seconds, wall clock and CPU; generous, since start-up on a loaded machine counts too
 MEMORY_BYTES = 1 << 30  # address-space limit of a program
 FILE_LIMIT = 1 << 20  # the largest file (stdout included) a program may write, in bytes
-FENCE = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+FENCE_OPEN = r"```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n"
+FENCE = re.compile(FENCE_OPEN + r"(.*?)(?:```|\Z)", re.DOTALL)
 
 # Runs before the program, in the child. Everything here is best effort (module docstring).
 PRELUDE = r'''
@@ -137,6 +140,27 @@ def completion_program(problem: Mapping[str, Any], text: str) -> str:
         body = truncate_at_stop(code, start=line_end if line_end >= 0 else len(code))
         return problem["prompt"] + "\n" + body
     return problem["prompt"] + truncate_at_stop(code)
+
+
+def function_end(problem: Mapping[str, Any]) -> Callable[[str], bool]:
+    """Return the generation-time stop rule for `problem`: True once the answer so far fixes the program that
+    `completion_program` makes of it, so that decoding further cannot change the score: a fenced block has closed;
+    or the entry point's `def` line is followed by a HumanEval stop sequence; or the answer is an indented body
+    (continuing the stub) and a stop sequence has come. Prose before a fence or a `def` never stops it."""
+    definition = re.compile(rf"^def {re.escape(problem['entry_point'])}\s*\(", re.MULTILINE)
+    fence = re.compile(FENCE_OPEN)
+
+    def done(text: str) -> bool:
+        opening = fence.search(text)
+        if opening:
+            return "```" in text[opening.end():]
+        found = definition.search(text)
+        if found:
+            line_end = text.find("\n", found.start())
+            return line_end >= 0 and len(truncate_at_stop(text, start=line_end)) < len(text)
+        return text.lstrip("\n")[:1] in (" ", "\t") and len(truncate_at_stop(text)) < len(text)
+
+    return done
 
 
 def check_program(problem: Mapping[str, Any], program: str, sentinel: str) -> str:

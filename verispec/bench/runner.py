@@ -31,7 +31,7 @@ import torch
 from verispec.api import Decoder
 from verispec.bench.archive import write_archive
 from verispec.bench.datasets import Prompt, load_prompts
-from verispec.bench.execution import execution_problem
+from verispec.bench.execution import execution_problem, function_end
 from verispec.bench.files import write_atomically
 from verispec.bench.flops import add_flops
 from verispec.bench.metrics import summarize
@@ -44,6 +44,7 @@ from verispec.learned.collect import prompt_fingerprint
 from verispec.methods import METHODS
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND
 from verispec.sampling import SamplingConfig
+from verispec.verify.relaxed import RelaxedKnobs
 
 SCHEMA = "verispec.bench/1"
 DEFAULT_OUT = "results/bench.json"
@@ -80,6 +81,7 @@ class BenchConfig:
     bootstrap_resamples: int = 2000  # resamples of the prompts for the speedup's 95% interval
     bootstrap_seed: int = 0  # seeds those resamples (numpy default_rng)
     quality: bool = False  # after the timed runs: target NLL of every output, ROUGE-L vs `ar` and vs references
+    stop_at_function_end: bool = False  # HumanEval prompts: end a decode once the function is complete (execution)
 
     def __post_init__(self) -> None:
         if not self.methods:
@@ -181,10 +183,17 @@ def decode_one(decoder: Decoder, config: BenchConfig, method: str, prompt: Promp
         return peer_generate(peer_decoder or decoder, prompt.text, name, settings.gamma, settings.sampling,
                              settings.max_new_tokens, settings.seed, config.chat_template)
     s = settings.sampling
+    problem = execution_problem(prompt) if config.stop_at_function_end else None
     return decoder.generate(prompt.text, method=name, gamma=settings.gamma, temperature=s.temperature,
                             top_k=s.top_k, top_p=s.top_p, max_new_tokens=settings.max_new_tokens,
                             seed=settings.seed, chat_template=config.chat_template, paths=settings.paths,
-                            cap=settings.cap, tau=settings.tau)
+                            cap=settings.cap, tau=settings.tau, knobs=relaxed_knobs(settings),
+                            stop_text=function_end(problem) if problem is not None else None)
+
+
+def relaxed_knobs(settings: DecodeConfig) -> dict[str, float]:
+    """Return the lossy rules' knobs of `settings`, by DecodeConfig field name."""
+    return {name: getattr(settings, name) for name in RelaxedKnobs.__dataclass_fields__}
 
 
 def check_held_out(decoder: Decoder, config: BenchConfig, prompts: list[Prompt]) -> None:
