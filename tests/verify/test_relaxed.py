@@ -25,7 +25,9 @@ from verispec.verify.relaxed import (
     fuzzy_mask,
     js_divergence,
     margin_mask,
+    position_mask,
     relaxed_law,
+    relaxed_position_law,
     typical_mask,
 )
 
@@ -73,13 +75,9 @@ def first_token_law(rule, knobs, target, draft, context, gamma):
     return out
 
 
-def position_mask(rule, knobs, p, q, p_gate):
+def gate_row(rule, knobs, p, q, p_gate):
     """Return the rule's gate `[V]` at one position (the three position gates)."""
-    if rule == "typical":
-        return typical_mask(p_gate[None], knobs.typical_epsilon, knobs.typical_delta)[0]
-    if rule == "margin":
-        return margin_mask(p_gate[None], knobs.margin_delta)[0]
-    return fuzzy_mask(p[None], q[None], knobs.fuzzy_threshold)[0]
+    return position_mask(rule, p[None], q[None], p_gate[None], knobs)[0]
 
 
 @pytest.mark.parametrize("rule", ["typical", "margin", "fuzzy"])
@@ -89,8 +87,9 @@ def test_position_gates_emit_the_closed_form_law(rule, vocab, seed, context):
     target, draft = models(vocab, seed)
     p_gate = target.conditional(context).to(torch.float64)
     p, q = sharpen(p_gate), draft.conditional(context).to(torch.float64)
-    mask = position_mask(rule, LOSSY[rule], p, q, p_gate)
+    mask = gate_row(rule, LOSSY[rule], p, q, p_gate)
     expected = theory.position_law(p, q, mask)
+    assert torch.equal(relaxed_position_law(rule, p, q, p_gate, LOSSY[rule]), expected)
     for gamma in (1, 2):
         got = first_token_law(rule, LOSSY[rule], target, draft, context, gamma)
         assert torch.allclose(got, expected, atol=TOL, rtol=0)
@@ -107,7 +106,7 @@ def test_the_lossy_settings_do_leak(vocab, seed, context):
     p_gate = target.conditional(context).to(torch.float64)
     p, q = sharpen(p_gate), draft.conditional(context).to(torch.float64)
     for rule in ("typical", "margin", "fuzzy"):
-        mask = position_mask(rule, LOSSY[rule], p, q, p_gate)
+        mask = gate_row(rule, LOSSY[rule], p, q, p_gate)
         assert theory.leak(p, q, mask) > 1e-3, rule
         assert rule == "fuzzy" or 0 < int(mask.sum()) < vocab, rule
 

@@ -36,7 +36,7 @@ from verispec.verify.multipath import (
     tree_walk_expected_accepted,
     tree_walk_law,
 )
-from verispec.verify.relaxed import RelaxedKnobs, relaxed_law, relaxed_verify
+from verispec.verify.relaxed import RelaxedKnobs, relaxed_law, relaxed_position_law, relaxed_verify
 from verispec.verify.token import token_verify, token_verify_law
 from verispec.verify.traversal import traversal_expected_accepted, traversal_verify, traversal_verify_law
 from verispec.verify.tree import MultiPathResult, build_prefix_tree, draw_outcome
@@ -58,6 +58,7 @@ __all__ = [
     "specinfer_verify",
     "spectr_verify",
     "relaxed_law",
+    "relaxed_position_law",
     "relaxed_verify",
     "sprinter_verify",
     "sprinter_verify_law",

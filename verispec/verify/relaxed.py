@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from verispec.errors import ConfigError
-from verispec.theory import leak
+from verispec.theory import leak, position_law
 from verispec.verify.common import BlockLaw, VerifyResult, check_block_shapes, drafted_probs, draw, sequential_stop
 
 RULES = ("typical", "margin", "fuzzy", "fly")
@@ -180,16 +180,32 @@ def relaxed_law(rule: str, draft_tokens: torch.Tensor, q: torch.Tensor, p: torch
         gate = fly_gate(g64, knobs.fly_entropy, knobs.fly_top_k)
         law = fly_verify_law(draft_tokens, q64, p64, gate, knobs.fly_window)
         return law, fly_leaks(draft_tokens, q64, p64, gate, knobs.fly_window)
-    if rule == "typical":
-        mask = typical_mask(g64, knobs.typical_epsilon, knobs.typical_delta)
-    elif rule == "margin":
-        mask = margin_mask(g64, knobs.margin_delta)
-    elif rule == "fuzzy":
-        mask = fuzzy_mask(p64[:-1], q64, knobs.fuzzy_threshold)
-    else:
-        raise ConfigError(f"unknown relaxed rule {rule!r}; choose one of: {', '.join(RULES)}")
+    mask = position_mask(rule, p64[:-1], q64, g64, knobs)
     leaks = [leak(p64[i], q64[i], mask[i]) for i in range(q64.shape[0])]  # ε = TV(P_out, p) per position (§3.3)
     return gated_verify_law(draft_tokens, q64, p64, mask), leaks
+
+
+def position_mask(rule: str, p: torch.Tensor, q: torch.Tensor, p_gate: torch.Tensor, knobs: RelaxedKnobs
+                  ) -> torch.Tensor:
+    """Return the gate `[n, V]` of a position rule (typical, margin, fuzzy) at n positions: p, q processed and
+    p_gate unprocessed, each `[n, V]`."""
+    if rule == "typical":
+        return typical_mask(p_gate, knobs.typical_epsilon, knobs.typical_delta)
+    if rule == "margin":
+        return margin_mask(p_gate, knobs.margin_delta)
+    if rule == "fuzzy":
+        return fuzzy_mask(p, q, knobs.fuzzy_threshold)
+    raise ConfigError(f"unknown position rule {rule!r}; choose one of: typical, margin, fuzzy (fly defers)")
+
+
+def relaxed_position_law(rule: str, p: torch.Tensor, q: torch.Tensor, p_gate: torch.Tensor, knobs: RelaxedKnobs
+                         ) -> torch.Tensor:
+    """Return the closed-form law `[V]` of the token a position rule emits at one position (p, q processed `[V]`,
+    p_gate unprocessed `[V]`): §3.3's P_out with a = the gate (module docstring). FLy has no such closed form on
+    one position: its a(v) depends on the continuations (`fly_leaks`)."""
+    mask = position_mask(rule, p[None].to(torch.float64), q[None].to(torch.float64), p_gate[None].to(torch.float64),
+                         knobs)[0]
+    return position_law(p, q, mask)
 
 
 def relaxed_verify(rule: str, draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, p_gate: torch.Tensor,
