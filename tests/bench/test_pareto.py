@@ -156,6 +156,9 @@ def test_fronts_one_per_axis_with_tables(tmp_path):
         record["quality"]["passed"] = {"ar": 1.0, "sd": 1.0, "draft": 0.0}[record["method"]]
     config = BenchConfig(methods=["ar", "sd", "draft"], gamma=3)
     results["aggregate"] = summarize(results["records"], config.methods, "ar", config.gamma, 300, 0)
+    rows = {row["method"]: row for row in results["aggregate"]}
+    assert rows["sd"]["leak_tv_out"] == 0.0 and rows["ar"]["leak_tv_out"] == 0.0  # lossless: no leak
+    assert rows["draft"]["leak_tv_out"] is None  # lossy, but no position records a leak
     markdown, paths = write_fronts([("", results)], tmp_path)
     names = {p.name for p in paths}
     assert {"front_rouge_l_vs_ar.png", "front_nll_per_token.png", "front_pass_at_1.png"} <= names

@@ -118,7 +118,7 @@ QUALITY_NOTE = (
     "Leak: the mean over drafted positions of ε = Σ_v a(v)·(q(v) − p(v))_+, the exact TV between that position's "
     "output law and p given the rule's acceptance a(v) of every token (ALGORITHMS.md §3.3; SPRINTER: the positions "
     "its verifier steers; typical / margin / fuzzy / fly: the positions the rule examined, fly's ε an unbiased "
-    "one-sample estimate, `verispec/verify/relaxed.py`); '-' for lossless methods."
+    "one-sample estimate, `verispec/verify/relaxed.py`); 0 for lossless methods, '-' for `draft`."
 )
 
 
