@@ -65,7 +65,6 @@ class DecodeConfig:
         if not isinstance(self.seed, int):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
 
-
     def relaxed_knobs(self) -> RelaxedKnobs:
         """Return the lossy rules' knobs (validated; ConfigError names a knob out of range)."""
         return RelaxedKnobs(**{name: getattr(self, name) for name in RelaxedKnobs.__dataclass_fields__})

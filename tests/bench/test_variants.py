@@ -67,3 +67,22 @@ def test_the_bench_passes_a_variants_knobs_and_the_stop_rule_to_the_decoder():
     config = BenchConfig(methods=["sd"], stop_at_function_end=True)
     decode_one(recorder, config, "sd", Prompt("HumanEval/0", "text", "code", "humaneval"), 0)
     assert recorder.kwargs["stop_text"]("```python\ndef has_close_elements(a, b):\n    return 1\n```")
+
+
+def test_a_results_file_that_predates_a_setting_resumes_as_its_default(tmp_path):
+    """A file written before `stop_at_function_end` existed ran without it: resuming with the default is allowed,
+    with the setting on it is refused."""
+    import json
+    from dataclasses import asdict
+
+    from verispec.bench.datasets import Prompt
+    from verispec.bench.runner import SCHEMA, BenchConfig, load_resumable
+
+    config = BenchConfig(methods=["ar"])
+    saved = asdict(config)
+    del saved["stop_at_function_end"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"schema": SCHEMA, "config": saved, "records": [], "runs": []}))
+    assert load_resumable(path, config, [Prompt("a", "a")]) == ([], [])
+    with pytest.raises(ConfigError, match="stop_at_function_end"):
+        load_resumable(path, BenchConfig(methods=["ar"], stop_at_function_end=True), [Prompt("a", "a")])

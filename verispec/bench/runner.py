@@ -231,7 +231,10 @@ def load_resumable(out_path: Path, config: BenchConfig, prompts: list[Prompt]) -
     if not isinstance(saved, dict) or saved.get("schema") != SCHEMA:
         raise ConfigError(f"cannot resume from {out_path}: not a {SCHEMA} results file")
     ours, theirs = asdict(config), saved.get("config", {})
-    changed = [k for k in ours if k not in RESUMABLE_CHANGES and json.dumps(ours[k]) != json.dumps(theirs.get(k))]
+    # A setting the file predates ran as its default does (new settings default to the old behaviour).
+    defaults = asdict(BenchConfig())
+    changed = [k for k in ours if k not in RESUMABLE_CHANGES
+               and json.dumps(ours[k]) != json.dumps(theirs.get(k, defaults[k]))]
     if changed:
         diff = ", ".join(f"{k}: {theirs.get(k)!r} there, {ours[k]!r} now" for k in changed)
         raise ConfigError(f"cannot resume {out_path}: its run had other settings ({diff}); choose another --out or "
