@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from verispec.models.loading import DEFAULT, DEFAULT_LINEAR_BACKEND, load_model
 from verispec.models.pair import check_compatible, encode_prompt, eos_token_ids
 from verispec.sampling import SamplingConfig
 from verispec.trace import Trace
+from verispec.verify.relaxed import RelaxedKnobs
 
 
 @dataclass
@@ -151,19 +153,32 @@ class Decoder:
         paths: int | None = DecodeConfig.paths,
         cap: int = DecodeConfig.cap,
         tau: float | None = DecodeConfig.tau,
+        knobs: Mapping[str, float] | None = None,  # the lossy rules' knobs, by DecodeConfig field (typical_epsilon...)
+        stop_text: Callable[[str], bool] | None = None,  # asked after each round with the text so far: True ends it
     ) -> Generation:
         """Decode `prompt` with `method`; return the text, the token ids and the trace."""
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+        unknown = sorted(set(knobs or {}) - set(RelaxedKnobs.__dataclass_fields__))
+        if unknown:
+            raise ConfigError(f"unknown knob(s) {', '.join(unknown)}; the lossy rules' knobs are: "
+                              f"{', '.join(RelaxedKnobs.__dataclass_fields__)}")
         config = DecodeConfig(
             method=method, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, paths=paths,
-            cap=cap, tau=tau,
+            cap=cap, tau=tau, **(knobs or {}),
         )
         check_prompt(prompt)
         models = self.models_for(method)
         prompt_ids = self.encode_prompt(prompt, chat_template)
         check_context(len(prompt_ids), max_new_tokens, models.get("target"), models.get("draft"))
         engine = self.engine(method)
-        out = engine.decode(prompt_ids, config)
+        on_commit = None
+        if stop_text is not None:
+            new: list[int] = []
+
+            def on_commit(committed: list[int]) -> bool:  # asked each round with the text generated so far
+                new.extend(committed)
+                return stop_text(self.tokenizer.decode(new, skip_special_tokens=True))
+        out = engine.decode(prompt_ids, config, on_commit)
         text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)
         return Generation(text, out.tokens, len(prompt_ids), out.stopped_at_eos, config, out.trace)
 

@@ -7,47 +7,17 @@ import json
 import sys
 from pathlib import Path
 
-from verispec.engine import MULTIPATH_PATHS, DecodeConfig
 from verispec.errors import VerispecError
-from verispec.models.fastpath import LINEAR_BACKENDS
-from verispec.models.loading import DEFAULT_LINEAR_BACKEND
-from verispec.sampling import SamplingConfig
-
-
-def _add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default=None, help="target model: hub id, folder or .gguf file (default: embedded)")
-    parser.add_argument("--draft", default=None, help="draft model: hub id, folder or .gguf file (default: embedded)")
-    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | float64 (default: float32)")
-    parser.add_argument("--draft-dtype", default=None,
-                        help="the draft model's dtype, when it differs from --dtype (e.g. bfloat16: a cheaper draft; "
-                             "lossless methods keep the target's law)")
-    parser.add_argument("--linear-backend", default=DEFAULT_LINEAR_BACKEND, choices=LINEAR_BACKENDS,
-                        help=f"CPU linear layers: oneDNN with packed weights, or transformers' own "
-                             f"(default: {DEFAULT_LINEAR_BACKEND})")
-
-
-def _add_decode_options(parser: argparse.ArgumentParser) -> None:
-    from verispec.methods import METHODS
-
-    parser.add_argument("--method", default=DecodeConfig.method, help=f"one of {', '.join(METHODS)}")
-    parser.add_argument("--gamma", type=int, default=DecodeConfig.gamma, help="draft tokens per round")
-    parser.add_argument("--temperature", type=float, default=SamplingConfig.temperature, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=SamplingConfig.top_k, help="0 = off")
-    parser.add_argument("--top-p", type=float, default=SamplingConfig.top_p, help="1 = off")
-    parser.add_argument("--max-new-tokens", type=int, default=DecodeConfig.max_new_tokens)
-    parser.add_argument("--seed", type=int, default=DecodeConfig.seed)
-    parser.add_argument("--paths", type=int, default=DecodeConfig.paths,
-                        help=f"K >= 2 draft paths of the multi-path methods (default: {MULTIPATH_PATHS} for those, "
-                             f"1 for the others)")
-    parser.add_argument("--verifier", default=None, help="SPRINTER: the learned verifier file")
-    parser.add_argument("--tau", type=float, default=DecodeConfig.tau, help="SPRINTER: verifier threshold")
-    parser.add_argument("--cap", type=int, default=DecodeConfig.cap, help="SPRINTER: longest draft run")
+from verispec.options import add_decode_options, add_model_options
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Generate from one prompt; print the text, or the whole result with --json."""
     from verispec.api import Decoder
+    from verispec.bench.variants import parse_method
     from verispec.inputs import check_prompt, decode_utf8
+    from verispec.methods import METHODS
+    from verispec.verify.relaxed import RelaxedKnobs
 
     if args.prompt == "-":
         prompt = decode_utf8(sys.stdin.buffer.read(), "standard input", args.replace_invalid_utf8)
@@ -56,14 +26,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         prompt = args.prompt
     check_prompt(prompt)  # before minutes of loading
+    # --method takes the bench's variant syntax too, e.g. typical:epsilon=0.3,delta=0.09 (bench/variants.py).
+    variant = parse_method(args.method, set(METHODS))
+    settings = {"gamma": args.gamma, "paths": args.paths, "cap": args.cap, "tau": args.tau, **variant.overrides}
+    knobs = {key: settings.pop(key) for key in list(settings) if key in RelaxedKnobs.__dataclass_fields__}
     decoder = Decoder(
         args.target, args.draft, dtype=args.dtype, verifier=args.verifier, linear_backend=args.linear_backend,
         draft_dtype=args.draft_dtype,
     )
     gen = decoder.generate(
-        prompt, method=args.method, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed, chat_template=not args.no_chat_template,
-        paths=args.paths, cap=args.cap, tau=args.tau,
+        prompt, method=variant.name, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens, seed=args.seed, chat_template=not args.no_chat_template, knobs=knobs,
+        **settings,
     )
     if args.json:
         print(json.dumps(gen.to_dict(), indent=2))
@@ -151,8 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate text from one prompt")
     p.add_argument("prompt", help="the prompt text, or - to read it from standard input")
-    _add_model_options(p)
-    _add_decode_options(p)
+    add_model_options(p)
+    add_decode_options(p)
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     p.add_argument("--replace-invalid-utf8", action="store_true",
                    help="decode invalid UTF-8 in the prompt as U+FFFD instead of refusing it")
@@ -170,8 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_setup)
 
     p = sub.add_parser("compare", help="methods side by side on built-in prompts: table + results JSON")
-    _add_model_options(p)
-    _add_decode_options(p)
+    add_model_options(p)
+    add_decode_options(p)
     p.set_defaults(max_new_tokens=48)
     p.add_argument("--methods", nargs="+", default=["ar", "sd"], help="methods; the first is the baseline")
     p.add_argument("--prompts", help="a text file with one prompt per line (default: built-in prompts)")

@@ -20,6 +20,7 @@ from verispec.models.protocol import CausalLM
 from verispec.sampling import SamplingConfig, process_logits
 from verispec.theory import leak
 from verispec.trace import RoundTrace, Trace
+from verispec.verify.relaxed import RelaxedKnobs, relaxed_verify
 
 # K of a multi-path method when none is given: the best K of `gbv` on the dev-short prompts at T = 1 (BENCHMARKS.md
 # §5). At T = 0 the K paths are equal, so a multi-path method only pays for them.
@@ -38,6 +39,14 @@ class DecodeConfig:
     paths: int | None = None  # K i.i.d. draft paths per round; None = 1, or MULTIPATH_PATHS for multi-path methods
     cap: int = 20  # SPRINTER: the longest draft run before the target is called (§3.1)
     tau: float | None = None  # SPRINTER: the verifier's acceptance threshold; None = the one stored in its file
+    # Lossy relaxed-acceptance rules (verify/relaxed.py, docs/algorithms.md §6.2); defaults are deployed settings.
+    typical_epsilon: float = RelaxedKnobs.typical_epsilon  # typical: keep x when p̃(x) > min(ε, δ·e^{−H(p̃)})
+    typical_delta: float = RelaxedKnobs.typical_delta  # typical: δ (inf: the threshold is ε alone)
+    margin_delta: float = RelaxedKnobs.margin_delta  # margin: keep x when log p̃(x) > max log p̃ − Δ (nats)
+    fuzzy_threshold: float = RelaxedKnobs.fuzzy_threshold  # fuzzy: keep while JS(p, q) < θ (nats, ≤ ln 2)
+    fly_entropy: float = RelaxedKnobs.fly_entropy  # fly: entropy gate θ on p̃'s top-k (nats)
+    fly_window: int = RelaxedKnobs.fly_window  # fly: W draft tokens that must pass to keep a rejected one (< gamma)
+    fly_top_k: int = RelaxedKnobs.fly_top_k  # fly: k of the entropy gate
 
     def __post_init__(self) -> None:
         method = get_method(self.method)
@@ -58,10 +67,18 @@ class DecodeConfig:
             raise ConfigError(f"cap (the longest SPRINTER draft run) must be an integer >= 1, got {self.cap!r}")
         if self.tau is not None and not (isinstance(self.tau, (int, float)) and 0.0 <= self.tau <= 1.0):
             raise ConfigError(f"tau (the verifier threshold) must be in [0, 1], got {self.tau!r}")
+        self.relaxed_knobs()  # validates the lossy rules' knobs
+        if self.method == "fly" and self.fly_window >= self.gamma:
+            raise ConfigError(f"fly_window (W) must be < gamma ({self.gamma}): a deferred rejection is confirmed by "
+                              f"the W draft tokens after it, got {self.fly_window}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if not isinstance(self.seed, int):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+
+    def relaxed_knobs(self) -> RelaxedKnobs:
+        """Return the lossy rules' knobs (validated; ConfigError names a knob out of range)."""
+        return RelaxedKnobs(**{name: getattr(self, name) for name in RelaxedKnobs.__dataclass_fields__})
 
 
 @dataclass
@@ -157,7 +174,13 @@ class Engine:
 
             # 3. Verify against the processed distributions actually sampled from.
             p = path_rows(process_logits(logits, config.sampling), tree)  # [K, γ'+1, V]
-            result = verify_paths(method, block.as_tensor(), block.q, p, generator)
+            if method.relaxed:  # the gates read the unprocessed target law p̃ (docs/algorithms.md §6.2)
+                p_gate = path_rows(torch.softmax(logits.to(torch.float64), dim=-1), tree)
+                single, leaks = relaxed_verify(method.name, block.as_tensor()[0], block.q[0], p[0], p_gate[0],
+                                               config.relaxed_knobs(), generator)
+                result = MultiPathResult(path=0, accepted=single.accepted, token=single.token)
+            else:
+                result = verify_paths(method, block.as_tensor(), block.q, p, generator)
             t3 = time.perf_counter()
 
             # 4. Commit the accepted prefix of the chosen path and the extra token; cut at EOS, max_new_tokens.
@@ -185,6 +208,12 @@ class Engine:
                 round_trace.tv_pq, round_trace.leak = position_leaks(
                     stop_rule, block, p[0, :-1], gamma, lossless=method.lossless)
                 trace.time_diagnostics += time.perf_counter() - t_diag
+            if method.relaxed:
+                # ε at each position the rule examined (1..τ+1): the TV between that position's output law and p
+                # (§3.3); None at drafted positions past the first rejection. TV(p, q) at every drafted position.
+                examined = min(result.accepted + 1, block.length)
+                round_trace.tv_pq = (0.5 * (p[0, :-1] - block.q[0]).abs().sum(-1)).tolist()
+                round_trace.leak = leaks[:examined] + [None] * (block.length - examined)
             trace.rounds.append(round_trace)
             trace.time_draft += t1 - t0 + (t2 - t1 if decoder_is_draft else 0.0)
             trace.time_target += 0.0 if decoder_is_draft else t2 - t1

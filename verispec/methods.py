@@ -31,6 +31,7 @@ from verispec.verify import (
     traversal_verify,
     tree_walk_expected_accepted,
 )
+from verispec.verify.relaxed import rule_verifier
 
 __all__ = ["METHODS", "Method", "MultiPathResult", "get_method"]
 
@@ -65,6 +66,7 @@ class Method:
     lossless: bool  # whether the output law equals the target's
     multipath: bool = False  # verify takes K paths ([K, γ], [K, γ, V], [K, γ+1, V]) and returns MultiPathResult
     learned_stop: bool = False  # the draft run ends at the learned verifier's first rejection or at the cap (§3.1)
+    relaxed: bool = False  # a lossy gate of verify/relaxed.py: the engine passes DecodeConfig's knobs and p̃
     # Exact E[τ] of one round given the drafted block(s), the verifier's own randomness integrated out (same inputs
     # as `verify`); None where a method drafts no block or decides its length as it drafts (SPRINTER).
     expected_accepted: ExpectedAccepted | None = None
@@ -92,6 +94,14 @@ METHODS: dict[str, Method] = {
                traversal_verify, True, multipath=True, expected_accepted=traversal_expected_accepted),
         Method("sprinter", "SPRINTER: a learned verifier ends the draft run; only its last token is checked "
                "(§3.1; approximate)", "target", True, sprinter_verify, False, learned_stop=True),
+        Method("typical", "typical acceptance (Medusa): SD, and also keep x when p̃(x) > min(ε, δ·e^{−H(p̃)}) "
+               "(§6.2; lossy)", "target", True, rule_verifier("typical"), False, relaxed=True),
+        Method("margin", "log-probability margin: SD, and also keep x when log p̃(x) > max log p̃ − Δ (§6.2; lossy)",
+               "target", True, rule_verifier("margin"), False, relaxed=True),
+        Method("fuzzy", "fuzzy SD (FSD): keep x while JS(p, q) < θ at its position, else SD (§6.2; lossy)",
+               "target", True, rule_verifier("fuzzy"), False, relaxed=True),
+        Method("fly", "FLy: keep an SD-rejected x when the target's top-k entropy is high and the next W draft "
+               "tokens pass (§6.2; lossy)", "target", True, rule_verifier("fly"), False, relaxed=True),
         Method("sprinter-exact", "SPRINTER's learned run length with every token verified by TV (lossless; "
                "a deviation from the paper)", "target", True, token_verify, True, learned_stop=True),
     )

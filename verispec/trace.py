@@ -21,10 +21,11 @@ class RoundTrace:
     verifier_scores: list[float] = field(default_factory=list)  # SPRINTER: learned-verifier score of each token
     verifier_accepts: list[bool] = field(default_factory=list)  # SPRINTER: its decision on each token
     acceptable: list[bool] = field(default_factory=list)  # SPRINTER: q(x) ≤ p(x) for each token (from the target)
-    tv_pq: list[float] = field(default_factory=list)  # SPRINTER: TV(p, q) at each drafted position
+    tv_pq: list[float] = field(default_factory=list)  # SPRINTER, relaxed rules: TV(p, q) at each drafted position
     # SPRINTER: ε = Σ_v a(v)·(q(v) − p(v))_+ at each drafted position, the exact TV between that position's output
     # law and p given the verifier's decisions a(v) (§3.3); None where the token is verified whatever a says (the
-    # last position a round can reach, and every position of a lossless method)
+    # last position a round can reach, and every position of a lossless method). Relaxed rules (verify/relaxed.py):
+    # ε at each position the rule examined, None past the first rejection (fly: an unbiased estimate)
     leak: list[float | None] = field(default_factory=list)
 
 

@@ -115,3 +115,69 @@ def test_pareto_cli(tmp_path, capsys):
     assert out.read_bytes()[:8] == PNG and str(out) in capsys.readouterr().out
     assert main(["pareto", str(tmp_path / "missing.json")]) == 2
     assert "cannot read results file" in capsys.readouterr().err
+
+
+def test_sweep_methods_list_the_rules_over_their_knobs():
+    from verispec.bench.pareto import SWEEPS, sweep_methods
+
+    methods = sweep_methods(["typical", "fly"])
+    assert methods[:4] == ["ar", "sd", "bv", "draft"]
+    assert methods[4:] == SWEEPS["typical"][1:] + SWEEPS["fly"][1:]
+    assert sweep_methods(["margin"], lossless_ends=True)[4] == "margin:delta=0"
+    config = BenchConfig(methods=sweep_methods())  # every label parses, every knob is in range
+    assert len(config.methods) == 4 + sum(len(v) - 1 for v in SWEEPS.values())
+    with pytest.raises(ConfigError, match="no sweep for nope"):
+        sweep_methods(["nope"])
+
+
+def test_every_lossless_end_of_the_sweeps_is_the_lossless_end():
+    """The first value of each sweep is the knob setting that the engine tests prove equal to `sd`."""
+    import math
+
+    from verispec.bench.pareto import SWEEPS
+    from verispec.bench.variants import parse_method
+    from verispec.verify.relaxed import RelaxedKnobs
+
+    ends = {"typical": {"typical_epsilon": 1.0, "typical_delta": math.inf}, "margin": {"margin_delta": 0.0},
+            "fuzzy": {"fuzzy_threshold": 0.0}}
+    for rule, labels in SWEEPS.items():
+        overrides = parse_method(labels[0], {rule}).overrides
+        if rule == "fly":
+            assert overrides["fly_entropy"] >= math.log(RelaxedKnobs().fly_top_k)
+        else:
+            assert overrides == ends[rule]
+
+
+def test_fronts_one_per_axis_with_tables(tmp_path):
+    from verispec.bench.pareto import write_fronts
+
+    results = _results()
+    for record in results["records"]:
+        record["quality"]["passed"] = {"ar": 1.0, "sd": 1.0, "draft": 0.0}[record["method"]]
+    config = BenchConfig(methods=["ar", "sd", "draft"], gamma=3)
+    results["aggregate"] = summarize(results["records"], config.methods, "ar", config.gamma, 300, 0)
+    rows = {row["method"]: row for row in results["aggregate"]}
+    assert rows["sd"]["leak_tv_out"] == 0.0 and rows["ar"]["leak_tv_out"] == 0.0  # lossless: no leak
+    assert rows["draft"]["leak_tv_out"] is None  # lossy, but no position records a leak
+    markdown, paths = write_fronts([("", results)], tmp_path)
+    names = {p.name for p in paths}
+    assert {"front_rouge_l_vs_ar.png", "front_nll_per_token.png", "front_pass_at_1.png"} <= names
+    assert all(p.read_bytes()[:8] == PNG for p in paths)
+    assert "### HumanEval pass@1 by execution (higher is better)" in markdown
+    section = markdown.split("### HumanEval pass@1")[1].split("###")[0]
+    # sd is the fastest here and as good as ar on pass@1: it alone is the front; draft (pass@1 0) is not on it.
+    assert "Front, slowest to fastest: sd (" in section and "→" not in section
+    assert "| sd |" in section and section.split("| draft |")[1].split("\n")[0].endswith("|  |")
+    with pytest.raises(ConfigError, match="--quality"):
+        write_fronts([("", {**results, "aggregate": [{"method": "ar", "speedup": 1.0}]})], tmp_path)
+
+
+def test_cli_fronts_and_sweep(tmp_path, capsys):
+    from verispec.cli import build_parser
+
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(_results()))
+    assert main(["pareto", str(path), "--fronts", str(tmp_path / "fronts")]) == 0
+    assert (tmp_path / "fronts" / "fronts.md").read_text().startswith("## Speed against quality")
+    args = build_parser().parse_args(["bench", "--sweep", "margin", "fuzzy"])
+    assert args.sweep == ["margin", "fuzzy"]

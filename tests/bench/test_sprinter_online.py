@@ -65,3 +65,23 @@ def test_total_variation_measured_against_predicted():
     assert out["tv_out"] == pytest.approx((0.05 + 0.1 + 0.0 + 0.2) / 4)
     assert out["eta_fp"] == 0.0 and out["tv_out_predicted"] == 0.0  # the one unacceptable token was rejected
     assert sprinter_online(RECORDS)["tv_out"] is None  # traces without the record
+
+
+def test_leak_online_pools_the_recorded_leaks_of_a_relaxed_rule():
+    """The bench's leak figure is the mean ε over the positions a rule examined; None for a lossless method."""
+    from verispec.bench.sprinter_online import leak_online
+    from verispec.engine import DecodeConfig, Engine
+    from verispec.models.tabular import TabularLM
+    from verispec.sampling import SamplingConfig
+
+    engine = Engine(TabularLM(6, seed=61), TabularLM(6, seed=62, sharpness=1.5))
+    config = dict(gamma=3, max_new_tokens=30, sampling=SamplingConfig(temperature=1.0), margin_delta=2.0)
+    records = [{"trace": engine.decode([0], DecodeConfig("margin", seed=s, **config)).trace.to_dict()}
+               for s in range(2)]
+    leaks = [v for rec in records for r in rec["trace"]["rounds"] for v in r["leak"] if v is not None]
+    figures = leak_online(records)
+    assert figures["leak_positions"] == len(leaks) > 0
+    assert abs(figures["leak_tv_out"] - sum(leaks) / len(leaks)) < 1e-12 and figures["leak_tv_out"] > 0
+    assert figures["leak_tv_out"] <= figures["leak_tv_pq"]
+    sd = [{"trace": engine.decode([0], DecodeConfig("sd", gamma=3, max_new_tokens=30)).trace.to_dict()}]
+    assert leak_online(sd) == {"leak_positions": 0, "leak_tv_pq": None, "leak_tv_out": None}

@@ -21,6 +21,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from verispec.bench.report import FULL_COLUMNS, format_table, write_report
     from verispec.bench.runner import BenchConfig, run_bench
 
+    if getattr(args, "sweep", None):  # the lossy rules over their knobs, with the lossless references (bench/pareto.py)
+        from verispec.bench.pareto import sweep_methods
+
+        args.methods = sweep_methods(args.sweep)
     config = BenchConfig(**{f.name: getattr(args, f.name) for f in fields(BenchConfig)})
     # Measured results are hours of work: replacing them must be asked for.
     check_new_output(args.out, "the results file", args.resume or args.force)
@@ -84,6 +88,14 @@ def cmd_pareto(args: argparse.Namespace) -> int:
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"cannot read results file {name}: {exc}") from exc
         runs.append((Path(name).stem if len(args.results) > 1 else "", results))
+    if args.fronts:
+        from verispec.bench.pareto import write_fronts
+
+        markdown, paths = write_fronts(runs, args.fronts)
+        (Path(args.fronts) / "fronts.md").write_text(markdown)
+        print(markdown)
+        print("plots: " + ", ".join(str(p) for p in paths) + f"\ntables: {Path(args.fronts) / 'fronts.md'}")
+        return 0
     print(f"plot: {plot_pareto(runs, args.out, y=args.y)}")
     return 0
 
@@ -220,6 +232,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--quality", action="store_true", default=d.quality,
                    help="after the timed runs, score every output: target NLL / perplexity, ROUGE-L vs the ar output "
                         "and vs reference answers (HumanEval, MT-Bench)")
+    g.add_argument("--sweep", nargs="+", default=None, metavar="RULE",
+                   help="run the lossy rules RULE... (typical margin fuzzy fly) over their knobs with ar, sd, bv and "
+                        "draft as references, instead of --methods (bench/pareto.py SWEEPS)")
+    g.add_argument("--stop-at-function-end", action="store_true", default=d.stop_at_function_end,
+                   help="HumanEval prompts: end each decode once the function is complete (a closed code fence, or "
+                        "a HumanEval stop sequence after it), where more text could not change its pass@1")
     g.add_argument("--resume", action="store_true",
                    help="keep the prompts already complete in --out (same settings; --limit may grow) and run the "
                         "rest; the file is written after every prompt, so a stopped run loses at most one prompt")
@@ -250,6 +268,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--y", default="rouge_l_vs_ar", choices=list(QUALITY_AXES),
                    help="quality axis (default: %(default)s)")
     p.add_argument("--out", default="results/pareto.png", help="PNG path (default: %(default)s)")
+    p.add_argument("--fronts", default=None, metavar="DIR",
+                   help="instead, one front per quality axis the results hold: DIR/front_<axis>.png and the tables "
+                        "in DIR/fronts.md")
     p.set_defaults(func=cmd_pareto)
 
     p = sub.add_parser("archive", help="pack a results JSON into a prompt-free .json.gz to commit, or unpack one")

@@ -51,7 +51,8 @@ import numpy as np
 
 from verispec.bench.flops import summarize_flops
 from verispec.bench.quality import summarize_quality
-from verispec.bench.sprinter_online import sprinter_online, verifier_rates
+from verispec.bench.sprinter_online import leak_online, sprinter_online, verifier_rates
+from verispec.methods import METHODS
 
 
 def _rounds(records: Sequence[dict[str, Any]], skip_first: bool = False) -> list[dict[str, Any]]:
@@ -307,6 +308,10 @@ def summarize(
         row.update(summarize_flops(mine))
         row.update(verifier_rates(mine))
         row["sprinter_online"] = sprinter_online(mine)
+        row.update(leak_online(mine))  # every lossy rule's measured TV(output law, p) per position (§3.3)
+        registered = METHODS.get(method.split(":")[0])
+        if registered is not None and registered.lossless and row["leak_tv_out"] is None:
+            row["leak_tv_out"] = 0.0  # a lossless method's output law is the target's at every position
         row.update(summarize_quality(mine, resamples, seed))
         rows.append(row)
     return rows

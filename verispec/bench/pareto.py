@@ -2,8 +2,13 @@
 
 x = speedup vs the run's baseline (`ar` by default) with its 95% bootstrap interval; y = a quality aggregate of
 `quality.summarize_quality` with its 95% interval: ROUGE-L vs the `ar` output (higher is better), ROUGE-L vs the
-references, or the target's NLL per token / perplexity (lower is better). The front joins the points no other
-point beats on both axes.
+references, HumanEval pass@1 by execution, the online leak of lossy rules, or the target's NLL per token /
+perplexity (lower is better). The front joins the points no other point beats on both axes.
+
+`sweep_methods` lists the lossy rules of `verify/relaxed.py` swept over their knobs (`SWEEPS`, lossless end first)
+with the lossless methods and `draft` as reference points, for `verispec bench --sweep`; `write_fronts` draws one
+front per quality axis the results hold (PNG) and returns the markdown tables, each with the front's methods from
+slowest to fastest (which rule dominates where).
 """
 
 from __future__ import annotations
@@ -22,7 +27,29 @@ QUALITY_AXES: dict[str, tuple[str, bool]] = {
     "rouge_l_vs_reference": ("ROUGE-L F1 vs reference answers (words)", True),
     "nll_per_token": ("target NLL per output token (nats)", False),
     "ppl": ("target perplexity of the output", False),
+    "pass_at_1": ("HumanEval pass@1 by execution", True),
+    "leak_tv_out": ("online leak: mean TV(output law, p) per position", False),
 }
+
+# Each lossy rule's knob values for a sweep, in the bench's variant syntax: the lossless end first, then looser.
+SWEEPS: dict[str, list[str]] = {
+    "typical": ["typical:epsilon=1,delta=inf", "typical:epsilon=0.3,delta=0.6", "typical:epsilon=0.09,delta=0.3",
+                "typical:epsilon=0.03,delta=0.1"],
+    "margin": ["margin:delta=0", "margin:delta=0.5", "margin:delta=1", "margin:delta=2"],
+    "fuzzy": ["fuzzy:threshold=0", "fuzzy:threshold=0.05", "fuzzy:threshold=0.15", "fuzzy:threshold=0.3"],
+    "fly": ["fly:entropy=1.1", "fly:entropy=0.6", "fly:entropy=0.3", "fly:entropy=0.1"],
+}
+REFERENCES = ("ar", "sd", "bv", "draft")  # the lossless references and the draft-only quality floor
+
+
+def sweep_methods(rules: Sequence[str] = tuple(SWEEPS), references: Sequence[str] = REFERENCES,
+                  lossless_ends: bool = False) -> list[str]:
+    """Return the bench methods of a sweep: `references`, then each rule's knob values (its lossless end, which
+    decodes exactly as `sd`, only with `lossless_ends`)."""
+    unknown = [rule for rule in rules if rule not in SWEEPS]
+    if unknown:
+        raise ConfigError(f"no sweep for {', '.join(unknown)}; choose from {', '.join(SWEEPS)}")
+    return [*references, *(label for rule in rules for label in SWEEPS[rule][0 if lossless_ends else 1:])]
 
 
 @dataclass(frozen=True)
@@ -101,3 +128,39 @@ def plot_pareto(
                  f"error bars: 95% bootstrap intervals", fontsize=8)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
+
+
+def front_table(points: Sequence[Point], y: str) -> str:
+    """Return the markdown table of `points` on axis `y` (fastest first), marking the Pareto front, then the front
+    from slowest to fastest: where each rule dominates."""
+    label, higher = QUALITY_AXES[y]
+    front = pareto_front(points, higher)
+    on_front = {p.label for p in front}
+
+    def ci(value: float, interval: tuple[float, float] | None, spec: str) -> str:
+        return format(value, spec) + (f" [{interval[0]:{spec}}, {interval[1]:{spec}}]" if interval else "")
+
+    lines = [f"### {label} ({'higher' if higher else 'lower'} is better)", "",
+             "| method | speedup [95% CI] | quality [95% CI] | on the front |", "|---|---:|---:|:---:|"]
+    for p in sorted(points, key=lambda p: -p.speed):
+        lines.append(f"| {p.label} | {ci(p.speed, p.speed_ci, '.2f')} | {ci(p.quality, p.quality_ci, '.3f')} | "
+                     f"{'yes' if p.label in on_front else ''} |")
+    lines += ["", "Front, slowest to fastest: " + " → ".join(f"{p.label} ({p.speed:.2f}x, {p.quality:.3f})"
+                                                             for p in front)]
+    return "\n".join(lines)
+
+
+def write_fronts(runs: Sequence[tuple[str, dict[str, Any]]], out_dir: str | Path) -> tuple[str, list[Path]]:
+    """Draw one front per quality axis that the runs hold (`front_<axis>.png` in `out_dir`); return the markdown
+    of every axis's `front_table` and the PNG paths. Raises ConfigError when no axis has a point."""
+    out_dir = Path(out_dir)
+    sections, paths = [], []
+    for y in QUALITY_AXES:
+        points = pareto_points(runs, y)
+        if not points:
+            continue
+        paths.append(plot_pareto(runs, out_dir / f"front_{y}.png", y))
+        sections.append(front_table(points, y))
+    if not sections:
+        raise ConfigError("no method has both a speedup and a quality figure: run the bench with --quality")
+    return "\n\n".join(["## Speed against quality, one front per metric", *sections]) + "\n", paths

@@ -12,6 +12,9 @@
   target's tokenizer. At temperature 0 a lossless method scores 1; at temperature > 0 two correct samplers still
   differ, so it measures closeness to one target sample, not correctness. Against a prompt set's reference
   answer it is computed on **whitespace-separated words** of the decoded text (the reference is text).
+* **pass@1 by execution** (HumanEval prompts only): each output runs against its problem's tests in a sandboxed
+  subprocess (`bench.execution`, which states what is and is not isolated); `passed` is 1 or 0, and a method's
+  pass@1 is the mean over its scored problems (one completion each).
 * The `draft` method (the draft alone, no target calls) is the quality floor: the draft-only control of §3.8.
 
 Aggregates over a method's prompts (`summarize_quality`), each with a 95% percentile-bootstrap interval over
@@ -29,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from verispec.bench.execution import check_completion
 from verispec.errors import ConfigError
 from verispec.models.protocol import CausalLM
 
@@ -99,15 +103,19 @@ def quality_records(
     decoder: Any,
     chat_template: bool = True,
     references: Mapping[int, str | None] | None = None,
+    problems: Mapping[int, Mapping[str, Any] | None] | None = None,
 ) -> Sequence[dict[str, Any]]:
     """Add `record["quality"]` to every bench record and return the records.
 
     The quality dict: `nll` (Σ nats), `tokens` (scored), `nll_per_token`, `ppl`, `rouge_l_vs_ar` (token ids, vs the
     same prompt's `ar` record, None when `ar` did not run) and `rouge_l_vs_reference` (words, vs
-    `references[prompt_index]`, None without one). Prompts are re-encoded as the runner encoded them
-    (`chat_template`); an encoding of another length than the record's `prompt_tokens` is an error.
+    `references[prompt_index]`, None without one); with a HumanEval problem in `problems[prompt_index]` also
+    `passed` (1.0 / 0.0, `bench.execution.check_completion`) and `execution` (its status). Prompts are re-encoded
+    as the runner encoded them (`chat_template`); an encoding of another length than the record's `prompt_tokens`
+    is an error.
     """
-    references = references or {}
+    references, problems = references or {}, problems or {}
+    executed: dict[tuple[int, str], Any] = {}  # identical texts are run once
     ar = {r["prompt_index"]: r["tokens"] for r in records if r["method"] == "ar"}
     prompt_ids: dict[int, list[int]] = {}
     scored: dict[tuple[int, tuple[int, ...]], tuple[float, int]] = {}  # identical outputs are scored once
@@ -133,6 +141,11 @@ def quality_records(
             "rouge_l_vs_ar": rouge_l(record["tokens"], ar[index]) if index in ar else None,
             "rouge_l_vs_reference": rouge_l(record["text"], reference) if reference else None,
         }
+        if problems.get(index) is not None:
+            if (index, record["text"]) not in executed:
+                executed[index, record["text"]] = check_completion(problems[index], record["text"])
+            outcome = executed[index, record["text"]]
+            record["quality"].update(passed=float(outcome.passed), execution=outcome.status)
     return records
 
 
@@ -166,9 +179,11 @@ def summarize_quality(records: Sequence[dict[str, Any]], resamples: int = 2000, 
     row.update(nll_per_token=per_token, nll_per_token_ci95=interval,
                ppl=math.exp(per_token) if per_token is not None else None,
                ppl_ci95=(math.exp(interval[0]), math.exp(interval[1])) if interval else None)
-    for key in ("rouge_l_vs_ar", "rouge_l_vs_reference"):
+    # pass@1 is the mean of the per-problem `passed` (one completion each).
+    for key, name in (("rouge_l_vs_ar", "rouge_l_vs_ar"), ("rouge_l_vs_reference", "rouge_l_vs_reference"),
+                      ("passed", "pass_at_1")):
         values = [q[key] for q in scored if q.get(key) is not None]
-        row[key] = float(np.mean(values)) if values else None
-        row[f"{key}_ci95"] = bootstrap_ratio(values, [1.0] * len(values), resamples, seed)
-        row[f"{key}_prompts"] = len(values)
+        row[name] = float(np.mean(values)) if values else None
+        row[f"{name}_ci95"] = bootstrap_ratio(values, [1.0] * len(values), resamples, seed)
+        row[f"{name}_prompts"] = len(values)
     return row

@@ -94,9 +94,11 @@ QUALITY_COLUMNS: list[Column] = [
     ("perplexity [95% CI]", lambda r: with_ci(r, "ppl", ".2f")),
     ("ROUGE-L vs ar [95% CI]", lambda r: with_ci(r, "rouge_l_vs_ar", ".3f", count=True)),
     ("ROUGE-L vs reference [95% CI]", lambda r: with_ci(r, "rouge_l_vs_reference", ".3f", count=True)),
+    ("pass@1 [95% CI]", lambda r: with_ci(r, "pass_at_1", ".3f", count=True)),
     ("GFLOPs/token", lambda r: fmt(r.get("flops_per_token") and r["flops_per_token"] / 1e9, ".4g")),
     ("decode GFLOPs/token", lambda r: fmt(r.get("flops_per_token_decode") and r["flops_per_token_decode"] / 1e9,
                                            ".4g")),
+    ("leak TV(out, p)/position", lambda r: fmt(r.get("leak_tv_out"), ".4f")),
     ("η_FP", lambda r: fmt(r.get("eta_fp"), ".3f")),
     ("η_TP", lambda r: fmt(r.get("eta_tp"), ".3f")),
     ("verifier tokens", lambda r: str(r.get("verifier_tokens") or "-")),
@@ -107,11 +109,17 @@ QUALITY_NOTE = (
     "of the raw logits: the model's perplexity, not that of the processed sampling law; EOS scored when it ended an "
     "output); perplexity = exp(NLL/token). ROUGE-L: LCS-based F1, vs the `ar` output of the same prompt and seed on "
     "token ids, vs reference answers on whitespace words; mean over the n prompts that have the comparison. "
+    "pass@1: HumanEval problems whose output passes the problem's tests, run sandboxed (`verispec/bench/"
+    "execution.py`), over the n problems scored. "
     "Intervals: 95% percentile bootstrap over prompts. `draft` (the draft alone) is the quality floor. FLOPs: "
     "2·N·tokens per forward of every model (N = linear-layer weights, LM head included) plus attention "
     "4·L·d_attn·context per token, plus 2·F per learned-verifier score; decode GFLOPs/token leaves out each model's "
     "prompt prefill (convention: `verispec/bench/flops.py`). η_FP / η_TP: the learned verifier's acceptance rate "
-    "among unacceptable / acceptable drafted tokens (q(x) ≤ p(x)), measured online and pooled over prompts."
+    "among unacceptable / acceptable drafted tokens (q(x) ≤ p(x)), measured online and pooled over prompts. "
+    "Leak: the mean over drafted positions of ε = Σ_v a(v)·(q(v) − p(v))_+, the exact TV between that position's "
+    "output law and p given the rule's acceptance a(v) of every token (ALGORITHMS.md §3.3; SPRINTER: the positions "
+    "its verifier steers; typical / margin / fuzzy / fly: the positions the rule examined, fly's ε an unbiased "
+    "one-sample estimate, `verispec/verify/relaxed.py`); 0 for lossless methods, '-' for `draft`."
 )
 
 

@@ -31,6 +31,7 @@ import torch
 from verispec.api import Decoder
 from verispec.bench.archive import write_archive
 from verispec.bench.datasets import Prompt, load_prompts
+from verispec.bench.execution import execution_problem, function_end
 from verispec.bench.files import TEXT, check_results_shape, check_writable, write_atomically
 from verispec.bench.flops import add_flops
 from verispec.bench.metrics import summarize
@@ -43,6 +44,7 @@ from verispec.learned.collect import prompt_fingerprint
 from verispec.methods import METHODS
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND
 from verispec.sampling import SamplingConfig
+from verispec.verify.relaxed import RelaxedKnobs
 
 SCHEMA = "verispec.bench/1"
 DEFAULT_OUT = "results/bench.json"
@@ -79,6 +81,7 @@ class BenchConfig:
     bootstrap_resamples: int = 2000  # resamples of the prompts for the speedup's 95% interval
     bootstrap_seed: int = 0  # seeds those resamples (numpy default_rng)
     quality: bool = False  # after the timed runs: target NLL of every output, ROUGE-L vs `ar` and vs references
+    stop_at_function_end: bool = False  # HumanEval prompts: end a decode once the function is complete (execution)
 
     def __post_init__(self) -> None:
         if not self.methods:
@@ -180,10 +183,17 @@ def decode_one(decoder: Decoder, config: BenchConfig, method: str, prompt: Promp
         return peer_generate(peer_decoder or decoder, prompt.text, name, settings.gamma, settings.sampling,
                              settings.max_new_tokens, settings.seed, config.chat_template)
     s = settings.sampling
+    problem = execution_problem(prompt) if config.stop_at_function_end else None
     return decoder.generate(prompt.text, method=name, gamma=settings.gamma, temperature=s.temperature,
                             top_k=s.top_k, top_p=s.top_p, max_new_tokens=settings.max_new_tokens,
                             seed=settings.seed, chat_template=config.chat_template, paths=settings.paths,
-                            cap=settings.cap, tau=settings.tau)
+                            cap=settings.cap, tau=settings.tau, knobs=relaxed_knobs(settings),
+                            stop_text=function_end(problem) if problem is not None else None)
+
+
+def relaxed_knobs(settings: DecodeConfig) -> dict[str, float]:
+    """Return the lossy rules' knobs of `settings`, by DecodeConfig field name."""
+    return {name: getattr(settings, name) for name in RelaxedKnobs.__dataclass_fields__}
 
 
 def check_held_out(decoder: Decoder, config: BenchConfig, prompts: list[Prompt]) -> None:
@@ -224,7 +234,10 @@ def load_resumable(out_path: Path, config: BenchConfig, prompts: list[Prompt]) -
     if not isinstance(saved.get("runs", []), list):
         raise ConfigError(f"cannot resume from {out_path}: its 'runs' is not a list")
     ours, theirs = asdict(config), saved.get("config", {})
-    changed = [k for k in ours if k not in RESUMABLE_CHANGES and json.dumps(ours[k]) != json.dumps(theirs.get(k))]
+    # A setting the file predates ran as its default does (new settings default to the old behaviour).
+    defaults = asdict(BenchConfig())
+    changed = [k for k in ours if k not in RESUMABLE_CHANGES
+               and json.dumps(ours[k]) != json.dumps(theirs.get(k, defaults[k]))]
     if changed:
         diff = ", ".join(f"{k}: {theirs.get(k)!r} there, {ours[k]!r} now" for k in changed)
         raise ConfigError(f"cannot resume {out_path}: its run had other settings ({diff}); choose another --out or "
@@ -339,7 +352,8 @@ def run_bench(
         # Scoring happens after the prompt's timed runs, so it never touches a measured decode.
         add_flops(batch, decoder)
         if config.quality:
-            quality_records(batch, decoder, config.chat_template, {index: prompt.reference})
+            quality_records(batch, decoder, config.chat_template, {index: prompt.reference},
+                            {index: execution_problem(prompt)})
         records.extend(batch)
         run["prompts"].append(index)
         save(result())

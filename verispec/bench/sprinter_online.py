@@ -43,6 +43,19 @@ def verifier_rates(records: Sequence[dict[str, Any]]) -> dict[str, float | int |
             "verifier_tokens": len(pairs)}
 
 
+def leak_online(records: Sequence[dict[str, Any]]) -> dict[str, float | int | None]:
+    """Return the online leak of one lossy method's bench records: over every drafted position with a recorded ε
+    (SPRINTER: the positions its verifier steers; the relaxed rules of `verify/relaxed.py`: the positions the rule
+    examined), `leak_positions`, the mean TV(p, q) there (`leak_tv_pq`) and the mean ε = TV(output law, p) per
+    position (`leak_tv_out`, §3.3; for fly an unbiased estimate). None values without such positions (lossless
+    methods)."""
+    pairs = [(tv, leak) for rec in records for r in rec["trace"]["rounds"]
+             for tv, leak in zip(r.get("tv_pq") or [], r.get("leak") or [], strict=True) if leak is not None]
+    return {"leak_positions": len(pairs),
+            "leak_tv_pq": sum(tv for tv, _ in pairs) / len(pairs) if pairs else None,
+            "leak_tv_out": sum(leak for _, leak in pairs) / len(pairs) if pairs else None}
+
+
 def _natural(round_: dict[str, Any], cap: int) -> bool:
     accepts = round_["verifier_accepts"]
     return bool(accepts) and (not accepts[-1] or len(accepts) == cap)
@@ -82,12 +95,11 @@ def sprinter_online(records: Sequence[dict[str, Any]], max_positions: int = 8) -
         out["tokens_per_round_predicted"] = expected_tokens_per_round(pi, cap, pass_rate)
 
     # §3.3: at a position the verifier steers, TV(output law, p) = ε exactly; predicted η_FP·TV(p, q).
-    steered = [(tv, leak) for _, r in runs for tv, leak in zip(r.get("tv_pq") or [], r.get("leak") or [], strict=True)
-               if leak is not None]
-    out["tv_positions"] = len(steered)
-    out["tv_pq"] = sum(tv for tv, _ in steered) / len(steered) if steered else None
-    out["tv_out"] = sum(leak for _, leak in steered) / len(steered) if steered else None
-    out["tv_out_predicted"] = out["eta_fp"] * out["tv_pq"] if steered and out["eta_fp"] is not None else None
+    steered = leak_online(records)
+    out["tv_positions"], out["tv_pq"], out["tv_out"] = (steered["leak_positions"], steered["leak_tv_pq"],
+                                                        steered["leak_tv_out"])
+    out["tv_out_predicted"] = (out["eta_fp"] * out["tv_pq"] if out["tv_positions"] and out["eta_fp"] is not None
+                               else None)
 
     by_position: dict[int, list[tuple[bool, bool]]] = {}
     for _, r in runs:

@@ -1,14 +1,26 @@
 """Method variants for the bench: `name[:key=value,...]`, e.g. `sd:gamma=2`, `gbv:paths=3,gamma=8`,
-`sprinter:tau=0.3`, so that several settings of one method run interleaved in one benchmark."""
+`sprinter:tau=0.3`, `typical:epsilon=0.3,delta=0.09`, `fly:entropy=0.3,window=3`, so that several settings of one
+method run interleaved in one benchmark. A lossy rule's knobs go by their short names after the rule
+(`typical`: epsilon, delta; `margin`: delta; `fuzzy`: threshold; `fly`: entropy, window, top_k) or by their
+`DecodeConfig` names (typical_epsilon, ...); a knob out of range is a ConfigError naming it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from verispec.errors import ConfigError
+from verispec.verify.relaxed import RelaxedKnobs
 
 # What a variant may override, with the type of its value.
-OVERRIDES = {"gamma": int, "paths": int, "tau": float, "cap": int}
+OVERRIDES = {"gamma": int, "paths": int, "tau": float, "cap": int,
+             **{name: type(getattr(RelaxedKnobs, name)) for name in RelaxedKnobs.__dataclass_fields__}}
+# The lossy rules' knobs by their short names after the rule (verify/relaxed.py): short name -> DecodeConfig field.
+KNOB_NAMES = {
+    "typical": {"epsilon": "typical_epsilon", "delta": "typical_delta"},
+    "margin": {"delta": "margin_delta"},
+    "fuzzy": {"threshold": "fuzzy_threshold"},
+    "fly": {"entropy": "fly_entropy", "window": "fly_window", "top_k": "fly_top_k"},
+}
 
 
 @dataclass(frozen=True)
@@ -17,7 +29,7 @@ class MethodVariant:
 
     label: str  # as written by the user; the records' "method" key
     name: str  # the registered method (verispec.methods.METHODS) or peer (verispec.bench.peers.PEERS)
-    overrides: dict[str, int | float] = field(default_factory=dict)  # gamma / paths / tau / cap
+    overrides: dict[str, int | float] = field(default_factory=dict)  # gamma / paths / tau / cap / a lossy rule's knobs
 
 
 def parse_method(label: str, known: set[str] | list[str]) -> MethodVariant:
@@ -26,12 +38,21 @@ def parse_method(label: str, known: set[str] | list[str]) -> MethodVariant:
     if name not in known:
         raise ConfigError(f"unknown method {name!r} in {label!r}; choose from: {', '.join(sorted(known))}")
     overrides: dict[str, int | float] = {}
+    short = KNOB_NAMES.get(name, {})
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
+        key = short.get(key, key)
         if not eq or key not in OVERRIDES:
-            raise ConfigError(f"bad setting {item!r} in {label!r}: write key=value with key in {', '.join(OVERRIDES)}")
+            keys = ", ".join([*short, *OVERRIDES])
+            raise ConfigError(f"bad setting {item!r} in {label!r}: write key=value with key in {keys}")
         try:
             overrides[key] = OVERRIDES[key](value)
         except ValueError:
             raise ConfigError(f"bad value {value!r} for {key} in {label!r}") from None
+    knobs = {key: value for key, value in overrides.items() if key in RelaxedKnobs.__dataclass_fields__}
+    if knobs:
+        try:
+            RelaxedKnobs(**knobs)
+        except ConfigError as error:
+            raise ConfigError(f"{error} (in {label!r})") from None
     return MethodVariant(label, name, overrides)

@@ -49,13 +49,13 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `verispec serve` and `verispec bench-serve` to the `verispec` command's subparsers."""
-    from verispec.cli import _add_decode_options, _add_model_options
+    from verispec.options import add_decode_options, add_model_options
     from verispec.serve.bench import ServeBenchConfig
 
     d = ServeConfig()  # the defaults, read once
     p = sub.add_parser("serve", help="serve the OpenAI API (chat/completions, streaming) with acceptance metrics")
-    _add_model_options(p)
-    _add_decode_options(p)  # server-side defaults; a request overrides them field by field
+    add_model_options(p)
+    add_decode_options(p)  # server-side defaults; a request overrides them field by field
     p.add_argument("--host", default="127.0.0.1", help="(default: %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="(default: %(default)s)")
     p.add_argument("--model-name", default=d.model_name, help="the model id clients send (default: %(default)s)")

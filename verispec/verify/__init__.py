@@ -19,6 +19,8 @@ outcome from it; the law is what the exact-enumeration tests check, and the draw
 Each law also gives E[τ] given the drafted block(s) exactly (`BlockLaw.expected_accepted`,
 `tree_walk_expected_accepted`, `traversal_expected_accepted`; `Method.expected_accepted` per method), which
 `verispec fixed-blocks` averages over shared drafted paths to compare verifiers without decoding noise.
+The lossy rules (`approximate.py`: SPRINTER; `relaxed.py`: typical, margin, fuzzy, fly) follow the same pattern; a
+relaxed rule's law is SD's with a gate that also keeps tokens, and it returns each position's leak TV(output, p).
 Traversal is the exception: its sampler walks the same chain of leaf visits that its law sums (one coin a leaf),
 since enumerating the vocabulary at every visited leaf costs far more than the draw; a Monte-Carlo test ties the two.
 """
@@ -36,6 +38,7 @@ from verispec.verify.multipath import (
     tree_walk_expected_accepted,
     tree_walk_law,
 )
+from verispec.verify.relaxed import RelaxedKnobs, relaxed_law, relaxed_position_law, relaxed_verify
 from verispec.verify.token import token_verify, token_verify_law
 from verispec.verify.traversal import traversal_expected_accepted, traversal_verify, traversal_verify_law
 from verispec.verify.tree import MultiPathResult, build_prefix_tree, draw_outcome
@@ -47,6 +50,7 @@ __all__ = [
     "VerifyResult",
     "block_verify",
     "block_verify_law",
+    "RelaxedKnobs",
     "build_prefix_tree",
     "draw",
     "draw_outcome",
@@ -55,6 +59,9 @@ __all__ = [
     "nss_verify",
     "specinfer_verify",
     "spectr_verify",
+    "relaxed_law",
+    "relaxed_position_law",
+    "relaxed_verify",
     "sprinter_verify",
     "sprinter_verify_law",
     "token_verify",

@@ -78,6 +78,15 @@ def drafted_probs(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) 
     return p_x, q_x
 
 
+def sequential_stop(accept: torch.Tensor) -> torch.Tensor:
+    """Return P(τ = i) `[γ+1]` when position i is accepted with probability accept[i-1] `[γ]`, independently, and
+    the first rejection ends the block: τ = i means accepted up to i and rejected at i+1 (or i = γ)."""
+    survive = torch.cat([torch.ones(1, dtype=accept.dtype, device=accept.device), torch.cumprod(accept, 0)])  # [γ+1]
+    stop = survive.clone()
+    stop[:-1] = survive[:-1] * (1.0 - accept)
+    return stop
+
+
 def draw(law: BlockLaw, generator: torch.Generator | None = None) -> VerifyResult:
     """Return one verification outcome drawn from `law`: τ from its marginal, then the extra token."""
     stop = law.stop.clamp_min(0.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from verispec.verify.common import BlockLaw, VerifyResult, check_block_shapes, drafted_probs, draw
+from verispec.verify.common import BlockLaw, VerifyResult, check_block_shapes, drafted_probs, draw, sequential_stop
 
 
 def token_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> BlockLaw:
@@ -16,10 +16,7 @@ def token_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tenso
     p, q = p.to(torch.float64), q.to(torch.float64)
     p_x, q_x = drafted_probs(draft_tokens, q, p)
     accept = torch.clamp(p_x / q_x, max=1.0)  # [γ] a_i = min(1, p(x_i)/q(x_i)), §0 step 1
-    # P(first i tokens accepted) = a_1···a_i; τ = i means accepted up to i and rejected at i+1 (or i = γ).
-    survive = torch.cat([torch.ones(1, dtype=torch.float64), torch.cumprod(accept, 0)])  # [γ+1]
-    stop = survive.clone()
-    stop[:-1] = survive[:-1] * (1.0 - accept)
+    stop = sequential_stop(accept)  # P(first i tokens accepted) = a_1···a_i, then a rejection
     # Residual at a rejection: norm((p − q)_+) (§0 step 2); bonus from p when all are accepted (§0 step 3).
     return BlockLaw(stop=stop, weights=torch.ones_like(stop), q=q, p=p)
 

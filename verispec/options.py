@@ -1,0 +1,45 @@
+"""Command-line options shared by the subcommands that load a model pair and decode (generate, serve, ...)."""
+
+from __future__ import annotations
+
+import argparse
+
+from verispec.engine import MULTIPATH_PATHS, DecodeConfig
+from verispec.models.fastpath import LINEAR_BACKENDS
+from verispec.models.loading import DEFAULT_LINEAR_BACKEND
+from verispec.sampling import SamplingConfig
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """Add the options that choose and load the models (--target, --draft, dtypes, linear backend)."""
+    parser.add_argument("--target", default=None, help="target model: hub id, folder or .gguf file (default: embedded)")
+    parser.add_argument("--draft", default=None, help="draft model: hub id, folder or .gguf file (default: embedded)")
+    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | float64 (default: float32)")
+    parser.add_argument("--draft-dtype", default=None,
+                        help="the draft model's dtype, when it differs from --dtype (e.g. bfloat16: a cheaper draft; "
+                             "lossless methods keep the target's law)")
+    parser.add_argument("--linear-backend", default=DEFAULT_LINEAR_BACKEND, choices=LINEAR_BACKENDS,
+                        help=f"CPU linear layers: oneDNN with packed weights, or transformers' own "
+                             f"(default: {DEFAULT_LINEAR_BACKEND})")
+
+
+def add_decode_options(parser: argparse.ArgumentParser) -> None:
+    """Add the decode settings; their defaults are read from DecodeConfig and SamplingConfig."""
+    from verispec.methods import METHODS
+
+    parser.add_argument("--method", default=DecodeConfig.method,
+                        help=f"one of {', '.join(METHODS)}; a lossy rule may carry its knobs, e.g. "
+                             "typical:epsilon=0.09,delta=0.3, margin:delta=0.5, fuzzy:threshold=0.1, "
+                             "fly:entropy=0.3,window=3")
+    parser.add_argument("--gamma", type=int, default=DecodeConfig.gamma, help="draft tokens per round")
+    parser.add_argument("--temperature", type=float, default=SamplingConfig.temperature, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=SamplingConfig.top_k, help="0 = off")
+    parser.add_argument("--top-p", type=float, default=SamplingConfig.top_p, help="1 = off")
+    parser.add_argument("--max-new-tokens", type=int, default=DecodeConfig.max_new_tokens)
+    parser.add_argument("--seed", type=int, default=DecodeConfig.seed)
+    parser.add_argument("--paths", type=int, default=DecodeConfig.paths,
+                        help=f"K >= 2 draft paths of the multi-path methods (default: {MULTIPATH_PATHS} for those, "
+                             f"1 for the others)")
+    parser.add_argument("--verifier", default=None, help="SPRINTER: the learned verifier file")
+    parser.add_argument("--tau", type=float, default=DecodeConfig.tau, help="SPRINTER: verifier threshold")
+    parser.add_argument("--cap", type=int, default=DecodeConfig.cap, help="SPRINTER: longest draft run")
