@@ -1,0 +1,121 @@
+"""The default pair on several linear backends in one run: t(1), f(k), c, and the target's numerics against fp32.
+
+Both backends of a model are loaded together and timed rep by rep in turn (load from other processes then falls
+on all alike); figures are medians. A target forward is a verification pass (a logits row per new token), a draft
+forward a drafting step (one row), each after `--context` cached tokens. c = draft t(1) / target t(1) on the same
+backend. Numerics: the fp32 (first backend's) target continues `--prompts` held-out Spec-Bench dev prompts
+greedily for `--new-tokens` tokens; every backend then scores that text in one forward: mean NLL per token, its
+shift against the first backend, max |Δlogit| and the share of positions whose top-1 token agrees.
+
+    .venv/bin/python benchmarks/quantized_models.py [--backends onednn int8] [--reps 3] [--prompts 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from statistics import median
+
+import torch
+
+from verispec.bench.datasets import load_prompts
+from verispec.models.hf import HFCausalLM
+from verispec.models.loading import load_model
+
+DEV = "spec-bench:/work/shared/data/spec_bench/dev.jsonl"
+
+
+def timed_forward(model: HFCausalLM, tokens: list[int], n_logits: int, context: int) -> float:
+    """Return the seconds of one forward over `tokens` after `context` cached tokens (the cache is rolled back)."""
+    model.truncate(context)
+    start = time.perf_counter()
+    model.forward(tokens, n_logits=n_logits)
+    return time.perf_counter() - start
+
+
+def time_backends(models: dict[str, HFCausalLM], role: str, ks: list[int], context: int, reps: int,
+                  gen: torch.Generator) -> dict[str, dict[int, float]]:
+    """Return median seconds per forward of k new tokens, per backend, interleaved rep by rep."""
+    vocab = next(iter(models.values())).vocab_size
+    prefix = torch.randint(1000, min(vocab, 30000), (context,), generator=gen).tolist()
+    fresh = torch.randint(1000, min(vocab, 30000), (max(ks),), generator=gen).tolist()
+    for model in models.values():
+        model.reset()
+        model.forward(prefix)
+        timed_forward(model, fresh[:4], 1, context)  # warm-up
+    times: dict[str, dict[int, list[float]]] = {b: {k: [] for k in ks} for b in models}
+    for _ in range(reps):
+        for backend, model in models.items():
+            for k in ks:
+                times[backend][k].append(timed_forward(model, fresh[:k], k if role == "target" else 1, context))
+    return {b: {k: median(v) for k, v in per_k.items()} for b, per_k in times.items()}
+
+
+@torch.inference_mode()
+def numerics(models: dict[str, HFCausalLM], n_prompts: int, new_tokens: int) -> dict[str, dict[str, float]]:
+    """Return, per backend, NLL per token of the reference backend's greedy continuations and the logit gaps."""
+    reference_name = next(iter(models))
+    reference = models[reference_name]
+    tok = reference.tokenizer
+    texts = [p.text for p in load_prompts(DEV, seed=0, offset=100, limit=n_prompts)]
+    stats: dict[str, dict[str, list[float]]] = {b: {"nll": [], "dmax": [], "agree": []} for b in models}
+    for text in texts:
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        reference.reset()
+        cont = [int(reference.forward(ids).logits[0].argmax())]
+        while len(cont) < new_tokens:
+            cont.append(int(reference.forward(cont[-1:]).logits[0].argmax()))
+        logits = {}
+        for backend, model in models.items():
+            model.reset()
+            logits[backend] = model.forward(ids + cont, n_logits=len(cont) + 1).logits[:-1]  # [n, V]
+        for backend, rows in logits.items():
+            nll = -torch.log_softmax(rows.double(), -1)[torch.arange(len(cont)), torch.tensor(cont)]
+            stats[backend]["nll"] += nll.tolist()
+            stats[backend]["dmax"].append((rows - logits[reference_name]).abs().max().item())
+            stats[backend]["agree"] += (rows.argmax(-1) == logits[reference_name].argmax(-1)).tolist()
+    return {b: {"nll": sum(s["nll"]) / len(s["nll"]), "max_dlogit": max(s["dmax"]),
+                "top1_agree": sum(s["agree"]) / len(s["agree"]), "tokens": len(s["nll"])} for b, s in stats.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backends", nargs="+", default=["onednn", "int8"])
+    p.add_argument("--ks", nargs="+", type=int, default=list(range(1, 17)))
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--prompts", type=int, default=5)
+    p.add_argument("--new-tokens", type=int, default=48)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+    t1: dict[str, dict[str, float]] = {}
+    for role in ("draft", "target"):
+        models = {b: load_model(None, role, linear_backend=b) for b in args.backends}
+        for b, m in models.items():
+            print(f"{role} {b}: {m.linear_kernel}", flush=True)
+        with torch.inference_mode():
+            times = time_backends(models, role, args.ks, args.context, args.reps, gen)
+        for b, per_k in times.items():
+            t1.setdefault(b, {})[role] = per_k[1]
+            curve = " ".join(f"{per_k[k] / per_k[1]:.2f}" for k in args.ks)
+            print(f"{role} {b}: t(1) {per_k[1] * 1e3:.0f} ms; f(k) for k = {args.ks[0]}..{args.ks[-1]}: {curve}",
+                  flush=True)
+        if role == "target":
+            for b, s in numerics(models, args.prompts, args.new_tokens).items():
+                print(f"target {b}: NLL/token {s['nll']:.4f} over {s['tokens']} tokens; max |dlogit| vs "
+                      f"{args.backends[0]} {s['max_dlogit']:.3f}; top-1 agreement {s['top1_agree']:.3f}", flush=True)
+        del models
+        gc.collect()
+    first = args.backends[0]
+    for b in args.backends:
+        print(f"{b}: c = {t1[b]['draft'] / t1[b]['target']:.3f}; target t(1) vs {first} "
+              f"{t1[b]['target'] / t1[first]['target']:.3f}x, draft t(1) vs {first} "
+              f"{t1[b]['draft'] / t1[first]['draft']:.3f}x")
+
+
+if __name__ == "__main__":
+    main()
