@@ -153,3 +153,45 @@ def test_greedy_speculative_decoding_equals_ar(int8_pair, one_thread, method, pa
     out = Engine(target, draft).decode(prompt, DecodeConfig(method, gamma=4, paths=paths, max_new_tokens=40))
     assert out.tokens == expected
     assert 0 < out.trace.acceptance_rate < 1  # both accepted and rejected drafts were exercised
+
+
+# --- the real default pair (slow) ---
+
+PAIR_PROMPTS = [
+    "Write a Python function that returns the sum of the squares of a list of numbers.",
+    "Explain in two sentences what a hash map is.",
+]
+# Measured on a held-out prompt: max |Δlogit| of the int8 target against fp32 ~2 (logits of size ~30); the bound
+# leaves room for other prompts while still catching a broken scale (errors of 10+) or a wrong layer.
+PAIR_MAX_DLOGIT = 5.0
+
+
+@pytest.fixture(scope="module")
+def int8_decoder():
+    from verispec.api import Decoder
+
+    return Decoder(linear_backend="int8")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt", PAIR_PROMPTS)
+def test_default_pair_greedy_sd_equals_ar_on_int8(int8_decoder, prompt):
+    ar = int8_decoder.generate(prompt, method="ar", max_new_tokens=32)
+    sd = int8_decoder.generate(prompt, method="sd", gamma=4, max_new_tokens=32)
+    assert int8_decoder.model("target").linear_backend == int8_decoder.model("draft").linear_backend == "int8"
+    assert sd.tokens == ar.tokens
+
+
+@pytest.mark.slow
+def test_default_pair_int8_logits_stay_near_float32(int8_decoder):
+    from verispec.models.loading import load_model
+
+    ids = int8_decoder.encode_prompt(PAIR_PROMPTS[0])
+    quantized = int8_decoder.model("target")
+    quantized.reset()
+    fast = quantized.forward(ids, n_logits=8).logits
+    reference = load_model(None, "target", linear_backend="onednn")
+    exact = reference.forward(ids, n_logits=8).logits
+    del reference
+    assert (fast - exact).abs().max() < PAIR_MAX_DLOGIT
+    assert (fast.argmax(-1) == exact.argmax(-1)).float().mean() >= 7 / 8
