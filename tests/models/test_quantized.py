@@ -7,6 +7,11 @@ comparisons allow 1e-5 on logits of size ~10 (measured: 0). The per-batch varian
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -53,6 +58,30 @@ def test_a_rows_outputs_are_bit_identical_alone_and_in_a_batch_with_a_wider_row(
     # fbgemm's own per-batch scale: row 0 is quantized on row 3's coarse grid.
     naive = QuantizedLinear(weight, bias, per_token=False)
     assert (naive(x)[0] - naive(x[:1])[0]).abs().max() > 0.05
+
+
+SATURATION_PROBE = """
+import torch
+from verispec.models.quantized import QuantizedLinear, reduce_range_needed
+weight = torch.ones(2, 512)
+weight[1] = -1.0
+x = torch.ones(1, 512)
+full, chosen = QuantizedLinear(weight, None, reduce_range=False), QuantizedLinear(weight, None)
+print(reduce_range_needed(), round(full(x)[0, 0].item()), round(chosen(x)[0, 0].item()))
+"""
+
+
+@pytest.mark.parametrize(("isa", "needed"), [("AVX2", True), ("AVX512", True), ("AVX512_VNNI", False)])
+def test_activations_use_7_bits_where_the_kernel_would_saturate(isa, needed):
+    """fbgemm's kernel without VNNI adds u8*s8 pairs in int16: 8-bit activations saturate (exact: 512)."""
+    if isa == "AVX512_VNNI" and "avx512_vnni" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("this CPU has no AVX512-VNNI")
+    env = dict(os.environ, FBGEMM_ENABLE_INSTRUCTIONS=isa, PYTHONPATH=str(Path(__file__).parents[2]))
+    out = subprocess.run([sys.executable, "-c", SATURATION_PROBE], env=env, capture_output=True, text=True)
+    probed, full, chosen = out.stdout.split()
+    assert probed == str(needed)
+    assert abs(int(chosen) - 512) <= 8  # the chosen range is right on every kernel
+    assert (abs(int(full) - 512) > 100) == needed  # and the full range is wrong exactly where the probe says so
 
 
 def test_bfloat16_inputs_come_back_in_bfloat16():

@@ -98,7 +98,8 @@ def apply_linear_backend(model: Any, backend: str) -> str:
     model.linear_backend = applied
     model.linear_kernel = KERNELS[applied]
     if applied == "int8":
-        model.linear_kernel += ", 7-bit activations (no VNNI)" if reduce_range_needed() else ""
+        bits = "7-bit (this CPU's int8 kernel adds in int16)" if reduce_range_needed() else "8-bit"
+        model.linear_kernel += f", {bits} activations"
     if applied != backend:
         dtype = str(model.model.dtype).removeprefix("torch.")
         model.linear_kernel += f" ({backend} requested; not applicable to {dtype} weights on {model.device})"

@@ -12,9 +12,10 @@ the fixed row is dropped, and each output row is multiplied back by its max-abs.
 max-abs(row) / 127.5 per token, and each row's result is bit-identical alone or inside any batch (the integer GEMM
 is exact; the dequantization is elementwise). All-zero rows keep a divisor of 1 (their output is the bias).
 
-Saturation: without VNNI, x86 int8 kernels add pairs of u8*s8 products in int16 (vpmaddubsw), which can saturate;
-`reduce_range` (7-bit activations) avoids it there at twice the quantization error. Hosts with VNNI
-(avx512_vnni / avx_vnni) accumulate in int32 and use the full 8 bits.
+Saturation: without VNNI, x86 int8 kernels add pairs of u8*s8 products in int16 (vpmaddubsw), which saturates
+(measured with FBGEMM_ENABLE_INSTRUCTIONS=AVX2: 2.0 for an exact 256). `reduce_range` (7-bit activations) avoids it
+at twice the quantization error; kernels with VNNI accumulate in int32 and keep all 8 bits. A probe at first use
+decides (`reduce_range_needed`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 
@@ -39,18 +39,18 @@ def quantized_engine() -> str | None:
 
 
 @functools.cache
-def host_has_vnni() -> bool:
-    """Return whether this CPU has int8 dot products that accumulate in int32 (AVX512-VNNI or AVX-VNNI)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False  # unknown: assume the saturating path
-    return "avx512_vnni" in flags or "avx_vnni" in flags
+def reduce_range_needed(engine: str | None = None) -> bool:
+    """Return whether 8-bit activations saturate `engine`'s int8 kernel on this host (then 7 bits are used).
 
-
-def reduce_range_needed() -> bool:
-    """Return whether activations must use 7 bits to avoid int16 saturation on this host."""
-    return not host_has_vnni()
+    A probe rather than a CPU-flag check: fbgemm picks its kernel from the CPU and from FBGEMM_ENABLE_INSTRUCTIONS,
+    so only a run tells which one is in use. Every product at its largest: the exact outputs are +-256; a kernel
+    that adds pairs of products in int16 returns about 2.
+    """
+    weight = torch.ones(2, 256)
+    weight[1] = -1.0
+    probe = QuantizedLinear(weight, None, engine=engine, reduce_range=False)
+    out = probe(torch.ones(1, 256))  # [1, 2]
+    return not torch.allclose(out, torch.tensor([[256.0, -256.0]]), rtol=0.02, atol=0)
 
 
 @contextlib.contextmanager
@@ -87,7 +87,7 @@ class QuantizedLinear:
         engine = engine or quantized_engine()
         assert engine is not None, "this torch build has no x86 quantized engine (fbgemm)"
         self.engine = engine
-        self.reduce_range = reduce_range_needed() if reduce_range is None else reduce_range
+        self.reduce_range = reduce_range_needed(engine) if reduce_range is None else reduce_range
         self.per_token = per_token  # False: fbgemm's one scale per batch (not causal; kept for measurement)
         w = weight.detach().float()  # [out, in]
         self.out_features, self.in_features = w.shape
