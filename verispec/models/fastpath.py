@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from verispec.errors import ConfigError
+from verispec.models.quantized import reduce_range_needed, use_int8_linears
 
 LINEAR_BACKENDS = ("torch", "onednn", "int8")
 
@@ -22,7 +23,7 @@ LINEAR_BACKENDS = ("torch", "onednn", "int8")
 KERNELS = {
     "torch": "transformers' own linears (float weights)",
     "onednn": "oneDNN, packed float weights",
-    "int8": "int8 weights per channel, LM head included; per-token dynamic int8 activations (fbgemm)",
+    "int8": "int8 weights per channel (LM head included), per-token dynamic {bits} activations, fbgemm",
 }
 
 
@@ -86,8 +87,6 @@ def apply_linear_backend(model: Any, backend: str) -> str:
     """Route the linears of `model` (an `HFCausalLM`) through `backend`, record it as `model.linear_backend` (and
     what runs as `model.linear_kernel`) and return it: the backend actually in effect, "torch" off the CPU, for
     weights other than float32/bfloat16 (float64 test models), or where torch lacks the kernels."""
-    from verispec.models.quantized import reduce_range_needed, use_int8_linears
-
     check_linear_backend(backend)
     applied = "torch"
     if model.device.type == "cpu" and backend == "onednn" and use_onednn_linears(model.model) > 0:
@@ -96,10 +95,8 @@ def apply_linear_backend(model: Any, backend: str) -> str:
         if use_int8_linears(model.model, lm_head=model.model.get_output_embeddings()) > 0:
             applied = "int8"
     model.linear_backend = applied
-    model.linear_kernel = KERNELS[applied]
-    if applied == "int8":
-        bits = "7-bit (this CPU's int8 kernel adds in int16)" if reduce_range_needed() else "8-bit"
-        model.linear_kernel += f", {bits} activations"
+    bits = "7-bit (this CPU's int8 kernel adds in int16)" if applied == "int8" and reduce_range_needed() else "8-bit"
+    model.linear_kernel = KERNELS[applied].format(bits=bits)
     if applied != backend:
         dtype = str(model.model.dtype).removeprefix("torch.")
         model.linear_kernel += f" ({backend} requested; not applicable to {dtype} weights on {model.device})"
