@@ -2,7 +2,8 @@
 
 Prints a markdown table. Each kernel runs over `--copies` distinct weights in turn so that they stream from
 memory as the layers of a real model do (one 8960x1536 int8 weight fits in a large L3 cache). The kernels are
-interleaved rep by rep, so load from other processes falls on all alike; the figures are medians over reps.
+interleaved rep by rep, so load from other processes falls on all alike; the figures are minima over reps (the
+least-disturbed run).
 
     .venv/bin/python benchmarks/quantized_kernels.py [--threads 2] [--reps 15] [--copies 8]
 
@@ -72,7 +73,8 @@ def main() -> None:
     out_f, in_f = args.out_features, args.in_features
     weights = [torch.randn(out_f, in_f, generator=gen) * 0.02 for _ in range(args.copies)]
     bias = torch.randn(out_f, generator=gen) * 0.01
-    engine, rr = quantized_engine(), reduce_range_needed()
+    engine = quantized_engine()
+    rr = reduce_range_needed(engine)
     makers: dict[str, Callable[[torch.Tensor, torch.Tensor], Kernel]] = {"fp32 oneDNN (packed)": onednn_fp32}
     for eng in [e for e in ("fbgemm", "x86", "onednn") if e in torch.backends.quantized.supported_engines]:
         makers[f"int8 {eng}, per-tensor act."] = int8_per_tensor(eng, rr)
@@ -95,12 +97,12 @@ def main() -> None:
         wide = x.clone()
         wide[3] *= 50
         exact = x @ weights[0].T + bias
-        print(f"{out_f}x{in_f} layer, {args.threads} threads, {args.copies} weights in turn, median of {args.reps} "
-              f"reps; host CPU capability {torch.backends.cpu.get_cpu_capability()}, default reduce_range {rr}\n")
+        print(f"{out_f}x{in_f} layer, {args.threads} threads, {args.copies} weights in turn, min of {args.reps} "
+              f"reps; host CPU capability {torch.backends.cpu.get_cpu_capability()}, reduce_range needed: {rr}\n")
         print("| kernel | t(1) ms | f(2) | f(5) | f(16) | max abs err | causal err |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         for name, fns in kernels.items():
-            med = {n: sorted(times[name, n])[len(times[name, n]) // 2] for n in ROWS}
+            med = {n: min(times[name, n]) for n in ROWS}
             err = (fns[0](x) - exact).abs().max().item()
             causal = (fns[0](wide)[0] - fns[0](x[:1])[0]).abs().max().item()
             print(f"| {name} | {med[1]:.2f} | {med[2] / med[1]:.2f} | {med[5] / med[1]:.2f} | "
