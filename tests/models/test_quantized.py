@@ -163,6 +163,16 @@ def test_float64_models_are_left_alone_and_say_so():
     assert quantized.linear_backend == "int8" and "per-token" in quantized.linear_kernel
 
 
+def test_the_decoder_reports_which_kernels_each_model_ran():
+    from verispec.api import Decoder
+
+    target = int8_model()
+    draft = HFCausalLM(tiny_qwen2(len(target.tokenizer), seed=2), target.tokenizer)  # float64: transformers' own
+    kernels = Decoder(target, draft).linear_kernels()
+    assert "int8 weights" in kernels["target"] and "per-token" in kernels["target"]
+    assert kernels["draft"].startswith("transformers' own linears")
+
+
 @pytest.fixture(scope="module")
 def int8_pair():
     target = int8_model(seed=1)
