@@ -4,10 +4,12 @@ Both backends of a model are loaded together and timed rep by rep in turn (load 
 all alike); figures are minima over reps (the least-disturbed run). A target forward is a verification pass (a
 logits row per new token), a draft forward a drafting step (one row), each after `--context` cached tokens. c =
 draft t(1) / target t(1) on the same backend. Numerics: every backend's target scores the text of `--prompts` held-
-out Spec-Bench dev prompts (first turns, no chat template), one forward each: mean NLL per token, max |Δlogit|
-against the first backend (fp32) and the share of positions whose top-1 token agrees with it.
+out Spec-Bench dev prompts (first turns, no chat template, the first `--max-text-tokens`), one forward each: mean
+NLL per token, max |Δlogit| against the first backend (fp32) and the share of positions whose top-1 token agrees
+with it.
 
-    .venv/bin/python benchmarks/quantized_models.py [--backends onednn int8] [--reps 4] [--prompts 20]
+    .venv/bin/python benchmarks/quantized_models.py [--backends onednn int8] [--reps 5] [--prompts 20]
+    .venv/bin/python benchmarks/quantized_models.py --roles target --ks 1 --reps 1   # numerics only
 """
 
 from __future__ import annotations
@@ -58,14 +60,14 @@ def time_backends(models: dict[str, HFCausalLM], role: str, ks: list[int], conte
 
 
 @torch.inference_mode()
-def numerics(models: dict[str, HFCausalLM], n_prompts: int) -> dict[str, dict[str, float]]:
+def numerics(models: dict[str, HFCausalLM], n_prompts: int, max_tokens: int) -> dict[str, dict[str, float]]:
     """Return, per backend, the NLL per token of held-out text and its logit gaps to the first backend."""
     reference_name = next(iter(models))
     tok = models[reference_name].tokenizer
     texts = [p.text for p in load_prompts(DEV, seed=0, offset=100, limit=n_prompts)]
     stats: dict[str, dict[str, list[float]]] = {b: {"nll": [], "dmax": [], "agree": []} for b in models}
     for text in texts:
-        ids = tok(text)["input_ids"]
+        ids = tok(text)["input_ids"][:max_tokens]  # long (RAG, summarization) texts are cut: a CPU-sized run
         logits = {}
         for backend, model in models.items():
             model.reset()
@@ -84,14 +86,16 @@ def main() -> None:
     p.add_argument("--backends", nargs="+", default=["onednn", "int8"])
     p.add_argument("--ks", nargs="+", type=int, default=list(range(1, 17)))
     p.add_argument("--context", type=int, default=128)
-    p.add_argument("--reps", type=int, default=4)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--prompts", type=int, default=20)
+    p.add_argument("--max-text-tokens", type=int, default=128, help="tokens scored per prompt text, at most")
+    p.add_argument("--roles", nargs="+", default=["draft", "target"])
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     t1: dict[tuple[str, str], dict[str, float]] = {}
-    for role in ("draft", "target"):
+    for role in args.roles:
         models = {b: load_model(None, role, linear_backend=b) for b in args.backends}
         for b, m in models.items():
             print(f"{role} {b}: {m.linear_kernel}", flush=True)
@@ -104,13 +108,13 @@ def main() -> None:
                 print(f"{role} {b} ({clock} clock): t(1) {per_k[1] * 1e3:.0f} ms; f(k) for k = "
                       f"{args.ks[0]}..{args.ks[-1]}: {curve}", flush=True)
         if role == "target":
-            for b, s in numerics(models, args.prompts).items():
+            for b, s in numerics(models, args.prompts, args.max_text_tokens).items():
                 print(f"target {b}: NLL/token {s['nll']:.4f} over {s['tokens']} tokens; max |dlogit| vs "
                       f"{args.backends[0]} {s['max_dlogit']:.3f}; top-1 agreement {s['top1_agree']:.3f}", flush=True)
         del models
         gc.collect()
     first = args.backends[0]
-    for clock, b in t1:
+    for clock, b in t1 if len(args.roles) == 2 else ():
         base = t1[clock, first]
         print(f"{b} ({clock} clock): c = {t1[clock, b]['draft'] / t1[clock, b]['target']:.3f}; target t(1) vs "
               f"{first} {t1[clock, b]['target'] / base['target']:.3f}x, draft t(1) vs {first} "
