@@ -98,6 +98,10 @@ class Decoder:
                 check_compatible(self._models["target"], self._models["draft"])
         return self._models[role]
 
+    def linear_kernels(self) -> dict[str, str]:
+        """Return, per loaded model ("target", "draft"), which linear kernels and weight types it runs."""
+        return {role: getattr(model, "linear_kernel", "?") for role, model in self._models.items()}
+
     def verifier(self) -> Any:
         """Return SPRINTER's learned verifier, loaded (and checked against the draft model) on first use."""
         if self._verifier_spec is None:

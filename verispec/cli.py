@@ -40,7 +40,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         **settings,
     )
     if args.json:
-        print(json.dumps(gen.to_dict(), indent=2))
+        print(json.dumps(gen.to_dict() | {"linear_kernels": decoder.linear_kernels()}, indent=2))
     else:
         print(gen.text)
         t = gen.trace

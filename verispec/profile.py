@@ -38,7 +38,7 @@ from verispec.costmodel import (
     merge_profiles,
 )
 from verispec.errors import ConfigError, ModelFilesError
-from verispec.models.fastpath import apply_linear_backend
+from verispec.models.fastpath import LINEAR_BACKENDS, apply_linear_backend
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND
 from verispec.models.protocol import CausalLM
 from verispec.sampling import SamplingConfig, process_logits, sample
@@ -66,7 +66,7 @@ class ProfileConfig:
     roles: list[str] = field(default_factory=lambda: ["target", "draft"])  # which models to measure
     dtype: str = "float32"  # weights' dtype
     device: str = "cpu"  # torch device
-    linear_backend: str = DEFAULT_LINEAR_BACKEND  # CPU linear kernels: onednn | torch (as `verispec bench`)
+    linear_backend: str = DEFAULT_LINEAR_BACKEND  # CPU linear kernels: int8 | onednn | torch (as `verispec bench`)
     random_weights: bool = False  # random weights of the same architecture (no weight files needed)
     ks: list[int] = field(default_factory=lambda: list(DEFAULT_KS))  # new tokens per timed forward
     context: int = 128  # cached tokens before each timed forward (and the prefill point's length)
@@ -284,7 +284,8 @@ def measure_profile(
     if overheads:
         extra = measure_overheads(model.vocab_size, sampling, rows=max(ks) + 1, reps=reps, seed=seed)
     where = machine.get("gpu") or f"{machine['processor']}, {machine['cpu_threads']} threads"
-    description = (f"measured on {where}: {cost.dtype}, {device}, linear backend {linear_backend}, context {context}, "
+    kernel = getattr(model, "linear_kernel", linear_backend)
+    description = (f"measured on {where}: {cost.dtype}, {device}, linear backend {kernel}, context {context}, "
                    f"{reps} reps{', random weights' if random_weights else ''}")
     return HardwareProfile({role: cost}, extra, KIND_MEASURED, description, machine,
                            {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p})
@@ -369,7 +370,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--roles", nargs="+", choices=["target", "draft"], default=d.roles, help="(default: %(default)s)")
     p.add_argument("--dtype", default=d.dtype, help="float32 | bfloat16 | float16 | float64 (default: %(default)s)")
     p.add_argument("--device", default=d.device, help="torch device (default: %(default)s)")
-    p.add_argument("--linear-backend", default=d.linear_backend, choices=["onednn", "torch"],
+    p.add_argument("--linear-backend", default=d.linear_backend, choices=LINEAR_BACKENDS,
                    help="CPU linear kernels (default: %(default)s)")
     p.add_argument("--random-weights", action="store_true", default=d.random_weights,
                    help="random weights of the same architecture (runs without weight files)")

@@ -10,6 +10,8 @@ import argparse
 from dataclasses import fields
 from typing import Any
 
+from verispec.models.fastpath import LINEAR_BACKENDS
+
 
 def _optional_int(text: str) -> int | None:
     return None if text.lower() == "none" else int(text)
@@ -147,7 +149,7 @@ def _add_model_options(g: argparse._ArgumentGroup, d: Any) -> None:
     g.add_argument("--draft-dtype", default=d.draft_dtype,
                    help="the draft's dtype when it differs from --dtype, e.g. bfloat16 (default: --dtype)")
     g.add_argument("--device", default=d.device, help="torch device (default: %(default)s)")
-    g.add_argument("--linear-backend", default=d.linear_backend, choices=["onednn", "torch"],
+    g.add_argument("--linear-backend", default=d.linear_backend, choices=LINEAR_BACKENDS,
                    help="verispec methods' CPU linears (default: %(default)s)")
 
 
@@ -219,7 +221,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--seed", type=int, default=d.seed, help="prompt i is decoded with seed + i (default: %(default)s)")
     g = p.add_argument_group("models")
     _add_model_options(g, d)
-    g.add_argument("--peer-linear-backend", default=d.peer_linear_backend, choices=["onednn", "torch"],
+    g.add_argument("--peer-linear-backend", default=d.peer_linear_backend, choices=LINEAR_BACKENDS,
                    help="the transformers peers' linears (default: %(default)s: transformers as users run it)")
     g.add_argument("--verifier", default=d.verifier, help="SPRINTER methods: the learned verifier file")
     g = p.add_argument_group("measurement and output")

@@ -73,7 +73,7 @@ class BenchConfig:
     dtype: str = "float32"  # model weights: float32 | bfloat16 | float16 | float64
     draft_dtype: str | None = None  # the draft's weights, when they differ from `dtype` (None: `dtype`)
     device: str = "cpu"  # torch device of both models
-    linear_backend: str = DEFAULT_LINEAR_BACKEND  # verispec's methods: "onednn" (packed CPU linears) or "torch"
+    linear_backend: str = DEFAULT_LINEAR_BACKEND  # verispec's methods: "int8", "onednn" or "torch" (models.fastpath)
     peer_linear_backend: str = "torch"  # the transformers peers run transformers as users run it, by default
     verifier: str | None = None  # SPRINTER methods: the learned verifier file
     compare_to: str | None = None  # a second reference: rows also get the speedup vs this method (e.g. "sd")
@@ -316,6 +316,7 @@ def run_bench(
             peer_decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
                                    linear_backend=config.peer_linear_backend, draft_dtype=config.draft_dtype)
         check_held_out(decoder, config, prompts)
+        run["linear_kernels"] = decoder.linear_kernels()  # which kernels and weight types ran, per model
         if config.warmup_tokens:
             for method in config.methods:
                 decode_one(decoder, config, method, prompts[todo[0]], todo[0], config.warmup_tokens, peer_decoder)

@@ -1,10 +1,11 @@
-"""CPU fast path: run every nn.Linear of a model through oneDNN with a pre-packed weight.
+"""CPU fast paths: the registry of linear backends, and the oneDNN one (every nn.Linear with a pre-packed weight).
 
 Why: on x86 CPUs PyTorch's default fp32 linear (MKL) is efficient for one row (a GEMV at the memory-bandwidth
 floor) but 5-8x slower for 2-16 rows, exactly the sizes a speculative target pass has. oneDNN with a weight packed
 once (`mkldnn::_reorder_linear_weight`) keeps a forward over a few tokens close to the cost of one, so the
 ratio f(k) = time(k-token forward) / time(1-token forward) that decides whether speculation pays stays low.
 Numerics: the same fp32 (or bf16) arithmetic, another summation order (differences ~1e-6 relative in fp32).
+The "int8" backend (verispec.models.quantized) reads 4x fewer weight bytes, LM head included.
 """
 
 from __future__ import annotations
@@ -14,8 +15,16 @@ from typing import Any
 import torch
 
 from verispec.errors import ConfigError
+from verispec.models.quantized import reduce_range_needed, use_int8_linears
 
-LINEAR_BACKENDS = ("torch", "onednn")
+LINEAR_BACKENDS = ("torch", "onednn", "int8")
+
+# What each backend runs, as the outputs report it (`model.linear_kernel`).
+KERNELS = {
+    "torch": "transformers' own linears (float weights)",
+    "onednn": "oneDNN, packed float weights",
+    "int8": "int8 weights per channel (LM head included), per-token dynamic {bits} activations, fbgemm",
+}
 
 
 def check_linear_backend(backend: str) -> str:
@@ -75,9 +84,20 @@ def use_onednn_linears(model: torch.nn.Module, batch_hint: int = 4, min_rows: in
 
 
 def apply_linear_backend(model: Any, backend: str) -> str:
-    """Route the linears of `model` (an `HFCausalLM`) through `backend`, record it as `model.linear_backend` and
-    return it: the backend actually in effect, "torch" off the CPU or where torch lacks oneDNN."""
-    on_cpu = model.device.type == "cpu"
-    packed = check_linear_backend(backend) == "onednn" and on_cpu and use_onednn_linears(model.model) > 0
-    model.linear_backend = "onednn" if packed else "torch"
-    return model.linear_backend
+    """Route the linears of `model` (an `HFCausalLM`) through `backend`, record it as `model.linear_backend` (and
+    what runs as `model.linear_kernel`) and return it: the backend actually in effect, "torch" off the CPU, for
+    weights other than float32/bfloat16 (float64 test models), or where torch lacks the kernels."""
+    check_linear_backend(backend)
+    applied = "torch"
+    if model.device.type == "cpu" and backend == "onednn" and use_onednn_linears(model.model) > 0:
+        applied = "onednn"
+    elif model.device.type == "cpu" and backend == "int8":
+        if use_int8_linears(model.model, lm_head=model.model.get_output_embeddings()) > 0:
+            applied = "int8"
+    model.linear_backend = applied
+    bits = "7-bit (this CPU's int8 kernel adds in int16)" if applied == "int8" and reduce_range_needed() else "8-bit"
+    model.linear_kernel = KERNELS[applied].format(bits=bits)
+    if applied != backend:
+        dtype = str(model.model.dtype).removeprefix("torch.")
+        model.linear_kernel += f" ({backend} requested; not applicable to {dtype} weights on {model.device})"
+    return applied

@@ -36,7 +36,9 @@ class HFCausalLM:
 
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.linear_backend = "torch"  # set to "onednn" by verispec.models.loading when the fast path is applied
+        # Set by verispec.models.fastpath.apply_linear_backend when a CPU fast path is applied.
+        self.linear_backend = "torch"
+        self.linear_kernel = "transformers' own linears (float weights)"
         self.name = name or getattr(model.config, "name_or_path", None) or type(model).__name__
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device

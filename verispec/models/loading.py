@@ -8,9 +8,11 @@ from verispec.models.default_pair import DEFAULT_PAIR, prepare
 from verispec.models.fastpath import apply_linear_backend, check_linear_backend
 from verispec.models.hf import HFCausalLM, load_pretrained
 
-# oneDNN with packed weights: 1.8x faster 1-token target forwards in fp32 here and f(5) ≈ 1 instead of ≈ 1.9
-# (BENCHMARKS.md); "torch" keeps transformers' own linears.
-DEFAULT_LINEAR_BACKEND = "onednn"
+# int8 weights with per-token int8 activations (verispec.models.quantized): 4x fewer weight bytes per token than
+# fp32, so a 1-token forward costs less than oneDNN's fp32 one while a few-token verify pass stays near one token's
+# cost (benchmarks/quantized_models.py; BENCHMARKS.md). "onednn" (packed fp32) and "torch" stay selectable; none
+# applies to other dtypes than float32/bfloat16 or off the CPU (float64 test models run transformers' linears).
+DEFAULT_LINEAR_BACKEND = "int8"
 
 DEFAULT = "default"
 
@@ -24,7 +26,8 @@ def load_model(
 ) -> HFCausalLM:
     """Return the model named by `spec` for `role` ("target" or "draft"); None or "default" is the embedded pair.
 
-    `linear_backend`: "onednn" (default; CPU only, see verispec.models.fastpath) or "torch" (transformers as is).
+    `linear_backend`: "int8" (default), "onednn" (CPU only, see verispec.models.fastpath) or "torch"
+    (transformers as is).
     """
     check_linear_backend(linear_backend)  # before minutes of loading
     if spec is None or spec == DEFAULT:

@@ -26,9 +26,11 @@ def tiny_tokenizer(chars: str = TINY_CHARS) -> Any:
 
 
 def tiny_qwen2(
-    vocab_size: int, seed: int, hidden: int = 32, layers: int = 2, dtype: torch.dtype = torch.float64
+    vocab_size: int, seed: int, hidden: int = 32, layers: int = 2, dtype: torch.dtype = torch.float64,
+    tie_embeddings: bool = False,
 ) -> Any:
-    """Return a Qwen2ForCausalLM with random weights drawn from a generator seeded by `seed`."""
+    """Return a Qwen2ForCausalLM with random weights drawn from a generator seeded by `seed` (with
+    `tie_embeddings`, the LM head shares the embedding's weight, as in Qwen2.5's small models)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
@@ -39,7 +41,7 @@ def tiny_qwen2(
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_embeddings,
         eos_token_id=0,
     )
     model = Qwen2ForCausalLM(config).to(dtype).eval()
