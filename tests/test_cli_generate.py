@@ -59,7 +59,9 @@ def runs(folders):
 def test_json_has_the_text_tokens_config_and_trace(runs, folders):
     tokenizer = folders["tokenizer"]
     for label, data in runs.items():
-        assert set(data) == {"text", "tokens", "prompt_tokens", "stopped_at_eos", "config", "trace"}, label
+        assert set(data) == {"text", "tokens", "prompt_tokens", "stopped_at_eos", "config", "trace",
+                             "linear_kernels"}, label
+        assert "float64" in data["linear_kernels"]["target"], data["linear_kernels"]  # tiny float64: no int8
         assert len(data["tokens"]) == NEW or (data["stopped_at_eos"] and data["tokens"][-1] == tokenizer.eos_token_id)
         assert data["text"] == tokenizer.decode(data["tokens"], skip_special_tokens=True)
         # The tokenizer has no chat template: the prompt is encoded as raw text.
