@@ -4,6 +4,7 @@ through a stand-in server; one slow test runs the real binary when `make peers` 
 from __future__ import annotations
 
 import json
+import os
 import stat
 import sys
 from pathlib import Path
@@ -174,6 +175,8 @@ args = sys.argv[1:]
 port = int(args[args.index("--port") + 1])
 speculative = "--spec-draft-model" in args
 requests = os.path.join(os.path.dirname(sys.argv[0]), "requests.jsonl")
+with open(os.path.join(os.path.dirname(sys.argv[0]), "pids"), "a") as f:
+    f.write(f"{os.getpid()}\n")
 
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *a):
@@ -205,13 +208,30 @@ HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 '''
 
 
+def _running(pid_file: Path) -> list[int]:
+    """The stand-in servers (by the pids they wrote) that are still running."""
+    alive = []
+    for pid in map(int, pid_file.read_text().split()):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        alive.append(pid)
+    return alive
+
+
+BENCH = dict(methods=["ar", "llamacpp-generate", "llamacpp-speculative:gamma=2"], max_new_tokens=6, warmup_tokens=2,
+             bootstrap_resamples=10)
+PROMPTS = [Prompt("p0", "def add(a, b):"), Prompt("p1", "print(1)")]
+
+
 def test_bench_runs_the_llamacpp_peers_interleaved(cache, gguf, tiny_pair, one_thread):
     binary = _install_binary(STAND_IN)
     decoder = Decoder(tiny_pair["target"], tiny_pair["partial"])
-    config = BenchConfig(methods=["ar", "llamacpp-generate", "llamacpp-speculative:gamma=2"], target=str(gguf),
-                         draft=str(gguf), max_new_tokens=6, warmup_tokens=2, bootstrap_resamples=10)
-    prompts = [Prompt("p0", "def add(a, b):"), Prompt("p1", "print(1)")]
+    config = BenchConfig(target=str(gguf), draft=str(gguf), **BENCH)
+    prompts = PROMPTS
     result = run_bench(config, out_path=None, decoder=decoder, prompts=prompts, progress=False)
+    assert len((binary.parent / "pids").read_text().split()) == 2 and not _running(binary.parent / "pids")
     assert [r["method"] for r in result["records"]] == config.methods * 2
     spec = [r for r in result["records"] if r["method"] == "llamacpp-speculative:gamma=2"]
     assert all(r["trace"]["generated"] == 6 and r["trace"]["target_calls"] == 4 for r in spec)
@@ -227,6 +247,20 @@ def test_bench_runs_the_llamacpp_peers_interleaved(cache, gguf, tiny_pair, one_t
     assert {s["args"][s["args"].index("--spec-draft-n-max") + 1] for s in sent if "--spec-draft-model" in s["args"]
             } == {"2"}
     assert set(LLAMACPP_PEERS) == {"llamacpp-generate", "llamacpp-speculative"}
+
+
+def test_servers_stop_when_the_run_is_interrupted(cache, gguf, tiny_pair, one_thread, monkeypatch):
+    binary = _install_binary(STAND_IN)
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("verispec.bench.runner.add_flops", interrupt)  # after the first prompt's decodes
+    config = BenchConfig(target=str(gguf), draft=str(gguf), **BENCH)
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(config, out_path=None, decoder=Decoder(tiny_pair["target"], tiny_pair["partial"]),
+                  prompts=PROMPTS, progress=False)
+    assert len((binary.parent / "pids").read_text().split()) == 2 and not _running(binary.parent / "pids")
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ import atexit
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -313,8 +314,10 @@ class LlamaCppPeers:
     def __enter__(self) -> LlamaCppPeers:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         self.close()
+        if exc_type is None:  # the logs only matter to explain a failure
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
 def llamacpp_generate(peers: LlamaCppPeers, decoder: Any, prompt: str, method: str, gamma: int,
