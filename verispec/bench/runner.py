@@ -312,6 +312,7 @@ def _run_bench(
     if llamacpp is not None:
         run["versions"]["llama.cpp"] = llamacpp.version()
     peer_decoder = None
+    servers = {"llamacpp": llamacpp} if llamacpp is not None else {}  # passed only when a llama.cpp peer runs
     if todo:
         runs.append(run)
         if decoder is None:
@@ -328,7 +329,7 @@ def _run_bench(
         if config.warmup_tokens:
             for method in config.methods:
                 decode_one(decoder, config, method, prompts[todo[0]], todo[0], config.warmup_tokens, peer_decoder,
-                           llamacpp)
+                           **servers)
 
     def result() -> dict[str, Any]:
         ordered = sorted(records, key=lambda r: r["order"])
@@ -353,7 +354,7 @@ def _run_bench(
         prompt, start, batch = prompts[index], time.perf_counter(), []
         for method in config.methods:
             bar.set_postfix_str(f"prompt {index + 1}/{len(prompts)} {method}")
-            gen = decode_one(decoder, config, method, prompt, index, peer_decoder=peer_decoder, llamacpp=llamacpp)
+            gen = decode_one(decoder, config, method, prompt, index, peer_decoder=peer_decoder, **servers)
             batch.append({"prompt_index": index, "prompt_id": prompt.id, "category": prompt.category,
                           "prompt": prompt.text, "method": method, "order": len(records) + len(batch),
                           "run": len(runs) - 1, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), **gen.to_dict()})
