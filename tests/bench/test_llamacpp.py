@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -123,6 +127,7 @@ def test_request_body_mirrors_verispec_sampling():
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the servers' logs, kept after an error
     return tmp_path / "cache"
 
 
@@ -270,6 +275,27 @@ def test_servers_stop_when_the_run_is_interrupted(cache, gguf, tiny_pair, one_th
         run_bench(config, out_path=None, decoder=Decoder(tiny_pair["target"], tiny_pair["partial"]),
                   prompts=PROMPTS, progress=False)
     assert len((binary.parent / "pids").read_text().split()) == 2 and not _running(binary.parent / "pids")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_a_server_dies_with_a_killed_bench(cache, tmp_path):
+    binary = _install_binary(STAND_IN)
+    parent = (f"from pathlib import Path\nimport os\nfrom verispec.bench.llamacpp import LlamaServer\n"
+              f"LlamaServer([{str(binary)!r}, '--port', '{_free_port_for_test()}'], Path({str(tmp_path)!r}), 's')"
+              f".start()\nos.kill(os.getpid(), 9)\n")  # as the out-of-memory killer does: no cleanup runs
+    subprocess.run([sys.executable, "-c", parent], env=os.environ | {"PYTHONPATH": os.getcwd()}, timeout=60)
+    pids = binary.parent / "pids"
+    for _ in range(50):
+        if not _running(pids):
+            break
+        time.sleep(0.1)
+    assert len(pids.read_text().split()) == 1 and not _running(pids)
+
+
+def _free_port_for_test() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.mark.slow

@@ -37,6 +37,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -167,6 +168,18 @@ class LlamaCppGeneration(PeerGeneration):
         return {**super().to_dict(), "llamacpp": self.llamacpp}
 
 
+def _die_with_parent() -> None:
+    """In the server's process before exec (Linux): get SIGTERM when verispec dies, even by SIGKILL (out of
+    memory), so no server outlives its run."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the context manager and atexit still stop the server
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -193,7 +206,8 @@ class LlamaServer:
         env = os.environ | ({"LLAMA_TRACE": "1"} if self.trace else {})
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=env)
+                                            stdin=subprocess.DEVNULL, env=env,
+                                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         atexit.register(self.stop)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
