@@ -282,6 +282,11 @@ def run_bench(
     rewritten whenever the results file is, so a run cut off between prompts keeps all it measured in it.
     The llama.cpp peers are checked (binary built, GGUF files) before any model loads; their servers stop when the
     run ends, however it ends."""
+    # Before anything slow (llama.cpp servers, prompts, models): never measure for minutes, then fail to save.
+    if out_path is not None:
+        check_writable(out_path)
+    if archive_path is not None:
+        check_writable(archive_path, "the archive")
     if not any(config.variant(m).name in LLAMACPP_PEERS for m in config.methods):
         return _run_bench(config, out_path, decoder, prompts, progress, resume, archive_path, None)
     with LlamaCppPeers([config.variant(m).name for m in config.methods], config.target, config.draft,
@@ -302,11 +307,6 @@ def _run_bench(
     """`run_bench`'s body, with the llama.cpp peers' servers (None when no such peer runs)."""
     from tqdm import tqdm
 
-    # Before anything slow (prompt sets, models): a run must not measure for minutes and then fail to save.
-    if out_path is not None:
-        check_writable(out_path)
-    if archive_path is not None:
-        check_writable(archive_path, "the archive")
     if prompts is None:
         prompts = load_prompts(config.prompts, config.category, config.limit, config.subset_seed, config.offset)
     if not prompts:
