@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from verispec.drafters import uses_draft_model
 from verispec.engine import DecodeConfig, Engine
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.methods import get_method
@@ -85,6 +86,7 @@ class Decoder:
         self._models: dict[str, HFCausalLM] = {
             role: spec for role, spec in self._specs.items() if isinstance(spec, HFCausalLM)
         }
+        self._reduced_drafts: dict[int, HFCausalLM] = {}  # draft_vocab N -> the draft with a head of N tokens
         if len(self._models) == 2:
             check_compatible(self._models["target"], self._models["draft"])
 
@@ -99,6 +101,24 @@ class Decoder:
             if other in self._models:
                 check_compatible(self._models["target"], self._models["draft"])
         return self._models[role]
+
+    def reduced_draft(self, n: int) -> HFCausalLM:
+        """Return the draft model with its output layer sliced to N = `n` tokens (`verispec.drafters.vocab`), loaded
+        on first use: a copy of its own, since the slicing happens before the weights are packed."""
+        if n not in self._reduced_drafts:
+            spec = self._specs["draft"]
+            if isinstance(spec, HFCausalLM):
+                if spec.draft_vocab != n:
+                    raise ConfigError(f"draft_vocab={n} needs the draft given by name or folder (its head is sliced "
+                                      f"at load), or an HFCausalLM built with vocab_ids of {n} tokens")
+                model = spec
+            else:
+                model = load_model(spec, "draft", dtype=self.draft_dtype, device=self.device,
+                                   linear_backend=self.linear_backend, draft_vocab=n)
+            if "target" in self._models:
+                check_compatible(self._models["target"], model)
+            self._reduced_drafts[n] = model
+        return self._reduced_drafts[n]
 
     def verifier(self) -> Any:
         """Return SPRINTER's learned verifier, loaded (and checked against the draft model) on first use."""
@@ -159,18 +179,23 @@ class Decoder:
         paths: int = DecodeConfig.paths,
         cap: int = DecodeConfig.cap,
         tau: float | None = DecodeConfig.tau,
+        drafter: str = DecodeConfig.drafter,
+        ngram_min: int = DecodeConfig.ngram_min,
+        ngram_max: int = DecodeConfig.ngram_max,
+        draft_vocab: int | None = DecodeConfig.draft_vocab,
     ) -> Generation:
-        """Decode `prompt` with `method`; return the text, the token ids and the trace."""
+        """Decode `prompt` with `method` (drafting with `drafter`); return the text, the token ids and the trace."""
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
         config = DecodeConfig(
             method=method, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, paths=paths,
-            cap=cap, tau=tau,
+            cap=cap, tau=tau, drafter=drafter, ngram_min=ngram_min, ngram_max=ngram_max, draft_vocab=draft_vocab,
         )
         if not isinstance(prompt, str) or not prompt.strip():
             raise ConfigError("the prompt is empty: give some text to continue")
         spec = get_method(method)
-        roles = {spec.decoder} | ({"draft"} if spec.speculative else set())
-        models = {role: self.model(role) for role in sorted(roles, reverse=True)}  # target first
+        roles = {spec.decoder} | ({"draft"} if spec.speculative and uses_draft_model(drafter) else set())
+        models = {role: self.model(role) if role == "target" or draft_vocab is None else self.reduced_draft(draft_vocab)
+                  for role in sorted(roles, reverse=True)}  # target first
         prompt_ids = self.encode_prompt(prompt, chat_template)
         verifier = self.verifier() if spec.learned_stop else None
         engine = Engine(models.get("target"), models.get("draft"), self.eos_token_ids(spec.decoder), verifier)
@@ -202,6 +227,10 @@ def generate(
     verifier: str | None = None,
     linear_backend: str = DEFAULT_LINEAR_BACKEND,
     draft_dtype: str | None = None,
+    drafter: str = DecodeConfig.drafter,
+    ngram_min: int = DecodeConfig.ngram_min,
+    ngram_max: int = DecodeConfig.ngram_max,
+    draft_vocab: int | None = DecodeConfig.draft_vocab,
 ) -> Generation:
     """Decode `prompt` with `method` on the given (default: embedded) pair; return a `Generation`.
 
@@ -214,4 +243,5 @@ def generate(
     return _DECODERS[key].generate(
         prompt, method=method, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
         max_new_tokens=max_new_tokens, seed=seed, chat_template=chat_template, paths=paths, cap=cap, tau=tau,
+        drafter=drafter, ngram_min=ngram_min, ngram_max=ngram_max, draft_vocab=draft_vocab,
     )

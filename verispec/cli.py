@@ -40,6 +40,16 @@ def _add_decode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verifier", default=None, help="SPRINTER: the learned verifier file")
     parser.add_argument("--tau", type=float, default=DecodeConfig.tau, help="SPRINTER: verifier threshold")
     parser.add_argument("--cap", type=int, default=DecodeConfig.cap, help="SPRINTER: longest draft run")
+    from verispec.drafters import DRAFTERS
+
+    parser.add_argument("--drafter", default=DecodeConfig.drafter,
+                        help=f"what proposes the draft: {', '.join(DRAFTERS)} (default: {DecodeConfig.drafter})")
+    parser.add_argument("--ngram-min", type=int, default=DecodeConfig.ngram_min,
+                        help="prompt lookup (ngram, hybrid): the shortest context suffix looked up")
+    parser.add_argument("--ngram-max", type=int, default=DecodeConfig.ngram_max,
+                        help="prompt lookup (ngram, hybrid): the longest context suffix looked up")
+    parser.add_argument("--draft-vocab", type=int, default=DecodeConfig.draft_vocab,
+                        help="N: the draft head covers only the N most frequent tokens (default: all)")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -54,7 +64,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     gen = decoder.generate(
         prompt, method=args.method, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed, chat_template=not args.no_chat_template,
-        paths=args.paths, cap=args.cap, tau=args.tau,
+        paths=args.paths, cap=args.cap, tau=args.tau, drafter=args.drafter, ngram_min=args.ngram_min,
+        ngram_max=args.ngram_max, draft_vocab=args.draft_vocab,
     )
     if args.json:
         print(json.dumps(gen.to_dict(), indent=2))

@@ -19,6 +19,7 @@ outcome from it; the law is what the exact-enumeration tests check, and the draw
 Each law also gives E[τ] given the drafted block(s) exactly (`BlockLaw.expected_accepted`,
 `tree_walk_expected_accepted`, `traversal_expected_accepted`; `Method.expected_accepted` per method), which
 `verispec fixed-blocks` averages over shared drafted paths to compare verifiers without decoding noise.
+Fixed candidates (prompt lookup, K > 1) are not i.i.d. draws: `candidate_tree_verify` walks them by sample-and-match.
 Traversal is the exception: its sampler walks the same chain of leaf visits that its law sums (one coin a leaf),
 since enumerating the vocabulary at every visited leaf costs far more than the draw; a Monte-Carlo test ties the two.
 """
@@ -26,6 +27,7 @@ since enumerating the vocabulary at every visited leaf costs far more than the d
 from verispec.verify.approximate import sprinter_verify, sprinter_verify_law
 from verispec.verify.block import block_verify, block_verify_law
 from verispec.verify.common import BlockLaw, VerifyResult, draw
+from verispec.verify.deterministic import candidate_tree_expected_accepted, candidate_tree_law, candidate_tree_verify
 from verispec.verify.multipath import (
     NODE_LAWS,
     gbv_verify,
@@ -48,6 +50,9 @@ __all__ = [
     "block_verify",
     "block_verify_law",
     "build_prefix_tree",
+    "candidate_tree_expected_accepted",
+    "candidate_tree_law",
+    "candidate_tree_verify",
     "draw",
     "draw_outcome",
     "gbv_verify",
