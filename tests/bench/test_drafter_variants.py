@@ -29,3 +29,19 @@ def test_drafter_variants_run_in_the_bench(tiny_pair, tokenizer):
     assert all(r["config"]["drafter"] == "ngram" and r["trace"]["draft_calls"] == 0 for r in ngram)
     assert all(r["config"]["draft_vocab"] == 30 for r in by_method["sd:draft_vocab=30"])
     assert any(r["trace"]["rounds_by_drafter"].get("ngram") for r in by_method["bv:drafter=hybrid"])
+
+
+def test_transformers_prompt_lookup_peer(tiny_pair, tokenizer):
+    from verispec.bench.peers import peer_generate
+    from verispec.engine import DecodeConfig
+    from verispec.sampling import SamplingConfig
+
+    decoder = Decoder(tiny_pair["target"], tiny_pair["partial"])
+    prompt = PROMPTS[0].text
+    ours = decoder.generate(prompt, method="ar", max_new_tokens=16, chat_template=False)
+    peer = peer_generate(decoder, prompt, "hf-lookup", 3, SamplingConfig(), 16, 0, chat_template=False)
+    assert peer.tokens == ours.tokens  # greedy prompt lookup writes what the target writes
+    rounds = peer.trace.rounds
+    assert sum(r.emitted for r in rounds) == len(peer.tokens) and all(0 <= r.drafted <= 3 for r in rounds)
+    assert any(r.drafted for r in rounds) and peer.trace.draft_calls == 0
+    assert DecodeConfig.drafter == "model"
