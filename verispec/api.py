@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from verispec.drafters import uses_draft_model
 from verispec.engine import DecodeConfig, Engine
 from verispec.errors import ConfigError
 from verispec.inputs import check_prompt
@@ -83,6 +84,7 @@ class Decoder:
         self._models: dict[str, HFCausalLM] = {
             role: spec for role, spec in self._specs.items() if isinstance(spec, HFCausalLM)
         }
+        self._reduced_drafts: dict[int, HFCausalLM] = {}  # draft_vocab N -> the draft with a head of N tokens
         if len(self._models) == 2:
             check_compatible(self._models["target"], self._models["draft"])
 
@@ -101,6 +103,24 @@ class Decoder:
     def linear_kernels(self) -> dict[str, str]:
         """Return, per loaded model ("target", "draft"), which linear kernels and weight types it runs."""
         return {role: getattr(model, "linear_kernel", "?") for role, model in self._models.items()}
+
+    def reduced_draft(self, n: int) -> HFCausalLM:
+        """Return the draft model with its output layer sliced to N = `n` tokens (`verispec.drafters.vocab`), loaded
+        on first use: a copy of its own, since the slicing happens before the weights are packed."""
+        if n not in self._reduced_drafts:
+            spec = self._specs["draft"]
+            if isinstance(spec, HFCausalLM):
+                if spec.draft_vocab != n:
+                    raise ConfigError(f"draft_vocab={n} needs the draft given by name or folder (its head is sliced "
+                                      f"at load), or an HFCausalLM built with vocab_ids of {n} tokens")
+                model = spec
+            else:
+                model = load_model(spec, "draft", dtype=self.draft_dtype, device=self.device,
+                                   linear_backend=self.linear_backend, draft_vocab=n)
+            if "target" in self._models:
+                check_compatible(self._models["target"], model)
+            self._reduced_drafts[n] = model
+        return self._reduced_drafts[n]
 
     def verifier(self) -> Any:
         """Return SPRINTER's learned verifier, loaded (and checked against the draft model) on first use."""
@@ -130,18 +150,23 @@ class Decoder:
         """Return the token ids that end generation: the tokenizer's EOS and the model's generation EOS ids."""
         return eos_token_ids(self.model(role))
 
-    def engine(self, method: str) -> Engine:
-        """Return an `Engine` over the models `method` needs (loaded on first use), for decoding token ids."""
-        spec = get_method(method)
-        models = self.models_for(method)
+    def engine(self, config: str | DecodeConfig) -> Engine:
+        """Return an `Engine` over the models a decode with `config` (or a method's name, with the default drafter)
+        needs, loaded on first use, for decoding token ids."""
+        spec = get_method(config if isinstance(config, str) else config.method)
+        models = self.models_for(config)
         verifier = self.verifier() if spec.learned_stop else None
         return Engine(models.get("target"), models.get("draft"), self.eos_token_ids(spec.decoder), verifier)
 
-    def models_for(self, method: str) -> dict[str, HFCausalLM]:
-        """Return the models `method` runs, by role ("target", "draft"), loading them on first use."""
-        spec = get_method(method)
-        roles = {spec.decoder} | ({"draft"} if spec.speculative else set())
-        return {role: self.model(role) for role in sorted(roles, reverse=True)}  # target first
+    def models_for(self, config: str | DecodeConfig) -> dict[str, HFCausalLM]:
+        """Return the models a decode with `config` (or a method's name) runs, by role ("target", "draft"), loading
+        them on first use: no draft model for a lookup-only drafter; a sliced draft under `draft_vocab`."""
+        config = DecodeConfig(method=config) if isinstance(config, str) else config
+        spec = get_method(config.method)
+        roles = {spec.decoder} | ({"draft"} if spec.speculative and uses_draft_model(config.drafter) else set())
+        vocab = config.draft_vocab
+        return {role: self.model(role) if role == "target" or vocab is None else self.reduced_draft(vocab)
+                for role in sorted(roles, reverse=True)}  # target first
 
     def generate(
         self,
@@ -159,8 +184,12 @@ class Decoder:
         tau: float | None = DecodeConfig.tau,
         knobs: Mapping[str, float] | None = None,  # the lossy rules' knobs, by DecodeConfig field (typical_epsilon...)
         stop_text: Callable[[str], bool] | None = None,  # asked after each round with the text so far: True ends it
+        drafter: str = DecodeConfig.drafter,
+        ngram_min: int = DecodeConfig.ngram_min,
+        ngram_max: int = DecodeConfig.ngram_max,
+        draft_vocab: int | None = DecodeConfig.draft_vocab,
     ) -> Generation:
-        """Decode `prompt` with `method`; return the text, the token ids and the trace."""
+        """Decode `prompt` with `method` (drafting with `drafter`); return the text, the token ids and the trace."""
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
         unknown = sorted(set(knobs or {}) - set(RelaxedKnobs.__dataclass_fields__))
         if unknown:
@@ -168,13 +197,14 @@ class Decoder:
                               f"{', '.join(RelaxedKnobs.__dataclass_fields__)}")
         config = DecodeConfig(
             method=method, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, paths=paths,
-            cap=cap, tau=tau, **(knobs or {}),
+            cap=cap, tau=tau, drafter=drafter, ngram_min=ngram_min, ngram_max=ngram_max, draft_vocab=draft_vocab,
+            **(knobs or {}),
         )
         check_prompt(prompt)
-        models = self.models_for(method)
+        models = self.models_for(config)
         prompt_ids = self.encode_prompt(prompt, chat_template)
         check_context(len(prompt_ids), max_new_tokens, models.get("target"), models.get("draft"))
-        engine = self.engine(method)
+        engine = self.engine(config)
         on_commit = None
         if stop_text is not None:
             new: list[int] = []
@@ -210,6 +240,10 @@ def generate(
     verifier: str | None = None,
     linear_backend: str = DEFAULT_LINEAR_BACKEND,
     draft_dtype: str | None = None,
+    drafter: str = DecodeConfig.drafter,
+    ngram_min: int = DecodeConfig.ngram_min,
+    ngram_max: int = DecodeConfig.ngram_max,
+    draft_vocab: int | None = DecodeConfig.draft_vocab,
 ) -> Generation:
     """Decode `prompt` with `method` on the given (default: embedded) pair; return a `Generation`.
 
@@ -222,4 +256,5 @@ def generate(
     return _DECODERS[key].generate(
         prompt, method=method, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
         max_new_tokens=max_new_tokens, seed=seed, chat_template=chat_template, paths=paths, cap=cap, tau=tau,
+        drafter=drafter, ngram_min=ngram_min, ngram_max=ngram_max, draft_vocab=draft_vocab,
     )

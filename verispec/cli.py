@@ -37,7 +37,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     gen = decoder.generate(
         prompt, method=variant.name, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, seed=args.seed, chat_template=not args.no_chat_template, knobs=knobs,
-        **settings,
+        drafter=args.drafter, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
+        draft_vocab=args.draft_vocab, **settings,
     )
     if args.json:
         print(json.dumps(gen.to_dict() | {"linear_kernels": decoder.linear_kernels()}, indent=2))

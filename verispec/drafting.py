@@ -27,6 +27,10 @@ class DraftBlock:
     scores: list[float] = field(default_factory=list)  # [γ'] stop-rule scores of each drafted token (SPRINTER)
     accepted_by_rule: list[bool] = field(default_factory=list)  # [γ'] the stop rule's decision on each token
     hiddens: list[torch.Tensor] = field(default_factory=list)  # [γ'] the hidden state each token was scored on
+    drafter: str = "model"  # which drafter proposed the block ("none" when it drafts nothing)
+    # The K paths are fixed candidates with a point-mass q (n-gram lookup), not i.i.d. draws from q: multi-path
+    # methods then verify them with the candidate-tree rule (docs/algorithms.md §6.1)
+    deterministic: bool = False
 
     @property
     def length(self) -> int:

@@ -13,13 +13,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verispec.drafting import DraftBlock, PrefixTree, StopRule, draft_paths, merge_paths
+from verispec.drafters import DraftRequest, check_drafter_settings, make_drafter, uses_draft_model
+from verispec.drafting import DraftBlock, PrefixTree, StopRule, merge_paths
 from verispec.errors import ConfigError
 from verispec.methods import Method, MultiPathResult, get_method
 from verispec.models.protocol import CausalLM
 from verispec.sampling import SamplingConfig, process_logits
 from verispec.theory import leak
 from verispec.trace import RoundTrace, Trace
+from verispec.verify import candidate_tree_verify
 from verispec.verify.relaxed import RelaxedKnobs, relaxed_verify
 
 # K of a multi-path method when none is given: the best K of `gbv` on the dev-short prompts at T = 1 (BENCHMARKS.md
@@ -39,6 +41,10 @@ class DecodeConfig:
     paths: int | None = None  # K i.i.d. draft paths per round; None = 1, or MULTIPATH_PATHS for multi-path methods
     cap: int = 20  # SPRINTER: the longest draft run before the target is called (§3.1)
     tau: float | None = None  # SPRINTER: the verifier's acceptance threshold; None = the one stored in its file
+    drafter: str = "model"  # a name in verispec.drafters.DRAFTERS: model | ngram | hybrid
+    ngram_min: int = 2  # prompt lookup: the shortest suffix of the context looked up
+    ngram_max: int = 4  # prompt lookup: the longest suffix looked up (the longest match wins)
+    draft_vocab: int | None = None  # N: the draft model's head covers only the N most frequent tokens; None = all
     # Lossy relaxed-acceptance rules (verify/relaxed.py, docs/algorithms.md §6.2); defaults are deployed settings.
     typical_epsilon: float = RelaxedKnobs.typical_epsilon  # typical: keep x when p̃(x) > min(ε, δ·e^{−H(p̃)})
     typical_delta: float = RelaxedKnobs.typical_delta  # typical: δ (inf: the threshold is ε alone)
@@ -75,6 +81,7 @@ class DecodeConfig:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if not isinstance(self.seed, int):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        check_drafter_settings(self, get_method(self.method))
 
     def relaxed_knobs(self) -> RelaxedKnobs:
         """Return the lossy rules' knobs (validated; ConfigError names a knob out of range)."""
@@ -110,11 +117,22 @@ class Engine:
         decoder = self.target if method.decoder == "target" else self.draft
         if decoder is None:
             raise ConfigError(f"method {method.name!r} needs a {method.decoder} model, and none is loaded")
-        if method.speculative and self.draft is None:
-            raise ConfigError(f"method {method.name!r} needs a draft model, and none is loaded")
+        drafts = method.speculative and uses_draft_model(config.drafter)
+        if drafts and self.draft is None:
+            raise ConfigError(f"method {method.name!r} with drafter {config.drafter!r} needs a draft model, and none "
+                              f"is loaded")
         if method.learned_stop and self.verifier is None:
             raise ConfigError(f"method {method.name!r} needs a learned verifier file (verifier=... / --verifier)")
-        return decoder, (self.draft if method.speculative else None)
+        if config.draft_vocab is not None:
+            head = getattr(self.draft, "draft_vocab", None)
+            if config.draft_vocab > decoder.vocab_size:
+                raise ConfigError(f"draft_vocab={config.draft_vocab} exceeds the vocabulary ({decoder.vocab_size} "
+                                  f"tokens)")
+            if head != config.draft_vocab:
+                raise ConfigError(f"draft_vocab={config.draft_vocab} needs a draft model loaded with a head of "
+                                  f"{config.draft_vocab} tokens (Decoder(...).generate(draft_vocab=...) loads one); "
+                                  f"the loaded draft's head covers {head or 'the whole vocabulary'}")
+        return decoder, (self.draft if drafts else None)
 
     def decode(
         self,
@@ -131,14 +149,15 @@ class Engine:
         if len(prompt_ids) == 0:
             raise ConfigError("the prompt is empty: give at least one token")
         method = get_method(config.method)
-        decoder, drafter = self._models_for(config)
+        decoder, draft_model = self._models_for(config)
+        drafter = make_drafter(config, draft_model)
         stop_rule = None
         if method.learned_stop:
             stop_rule = self.verifier if config.tau is None else self.verifier.with_threshold(config.tau)
         generator = torch.Generator().manual_seed(config.seed)
         trace = Trace(prefill_tokens=len(prompt_ids))
         decoder_is_draft = method.decoder == "draft"
-        for model in (decoder, drafter):
+        for model in (decoder, draft_model):
             if model is not None:
                 model.reset()
 
@@ -151,14 +170,14 @@ class Engine:
             # A round emits at most gamma+1 tokens: never draft what cannot be kept (a rule on counts only,
             # so it keeps the method lossless, docs/algorithms.md §1.4 "Variable γ").
             length = config.cap if method.learned_stop else config.gamma
-            gamma = min(length, remaining - 1) if drafter is not None else 0
+            gamma = min(length, remaining - 1) if method.speculative else 0
 
-            # 1. Draft: K paths of up to gamma tokens from q.
+            # 1. Draft: up to K paths of up to gamma tokens, with the q each token was drawn from.
             t0 = time.perf_counter()
-            block = draft_paths(
-                drafter, tokens, config.paths, gamma, config.sampling, generator, self.eos_token_ids,
-                decoder.vocab_size, stop_rule,
-            )
+            block = drafter.propose(DraftRequest(
+                tokens, config.paths, gamma, config.sampling, generator, self.eos_token_ids, decoder.vocab_size,
+                stop_rule,
+            ))
             t1 = time.perf_counter()
             trace.draft_calls += block.forwards
             trace.draft_tokens += block.fed
@@ -180,7 +199,7 @@ class Engine:
                                                config.relaxed_knobs(), generator)
                 result = MultiPathResult(path=0, accepted=single.accepted, token=single.token)
             else:
-                result = verify_paths(method, block.as_tensor(), block.q, p, generator)
+                result = verify_block(method, block, p, generator)
             t3 = time.perf_counter()
 
             # 4. Commit the accepted prefix of the chosen path and the extra token; cut at EOS, max_new_tokens.
@@ -194,7 +213,7 @@ class Engine:
             tokens.extend(emitted)
             round_trace = RoundTrace(
                 block.length, result.accepted, len(emitted), fed, t1 - t0, t2 - t1, t3 - t2,
-                paths=config.paths, tree_nodes=len(tree.tokens),
+                paths=len(block.tokens), tree_nodes=len(tree.tokens), drafter=block.drafter,
             )
             if stop_rule is not None:
                 t_diag = time.perf_counter()
@@ -224,10 +243,10 @@ class Engine:
 
             # 5. Roll back both caches to the committed tokens they saw: the prefix, then the kept path.
             kept_nodes = [tree.node_of[result.path][i] for i in range(result.accepted)]
-            self._roll_back(decoder, base, [base + node for node in kept_nodes], config.paths)
-            if drafter is not None:
+            self._roll_back(decoder, base, [base + node for node in kept_nodes], len(block.tokens))
+            if draft_model is not None and block.forwards:  # a round the draft model did not draft left it as it was
                 kept_draft = block.positions[result.path][: result.accepted]
-                self._roll_back(drafter, base, kept_draft, config.paths)
+                self._roll_back(draft_model, base, kept_draft, len(block.tokens))
         trace.time_total = time.perf_counter() - start - trace.time_diagnostics
         return DecodeOutput(tokens=tokens[n_prompt:], trace=trace, stopped_at_eos=stopped_at_eos)
 
@@ -285,6 +304,14 @@ def position_leaks(
             continue
         leaks.append(leak(p_rows[i], q_rows[i], stop_rule.accept_mask(hidden, q_rows[i], i + 1)))
     return tv, leaks
+
+
+def verify_block(method: Method, block: DraftBlock, p: torch.Tensor, generator: torch.Generator) -> MultiPathResult:
+    """Verify `block` against p `[K, γ'+1, V]` with `method`'s verifier, except that fixed candidates (K > 1, not
+    i.i.d.) go through the candidate-tree rule whatever the multi-path method (docs/algorithms.md §6.1)."""
+    if block.deterministic and method.multipath:
+        return candidate_tree_verify(block.as_tensor(), block.q, p, generator)
+    return verify_paths(method, block.as_tensor(), block.q, p, generator)
 
 
 def verify_paths(method: Method, draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,

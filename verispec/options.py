@@ -43,3 +43,13 @@ def add_decode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verifier", default=None, help="SPRINTER: the learned verifier file")
     parser.add_argument("--tau", type=float, default=DecodeConfig.tau, help="SPRINTER: verifier threshold")
     parser.add_argument("--cap", type=int, default=DecodeConfig.cap, help="SPRINTER: longest draft run")
+    from verispec.drafters import DRAFTERS
+
+    parser.add_argument("--drafter", default=DecodeConfig.drafter,
+                        help=f"what proposes the draft: {', '.join(DRAFTERS)} (default: {DecodeConfig.drafter})")
+    parser.add_argument("--ngram-min", type=int, default=DecodeConfig.ngram_min,
+                        help="prompt lookup (ngram, hybrid): the shortest context suffix looked up")
+    parser.add_argument("--ngram-max", type=int, default=DecodeConfig.ngram_max,
+                        help="prompt lookup (ngram, hybrid): the longest context suffix looked up")
+    parser.add_argument("--draft-vocab", type=int, default=DecodeConfig.draft_vocab,
+                        help="N: the draft head covers only the N most frequent tokens (default: all)")

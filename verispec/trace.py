@@ -18,6 +18,7 @@ class RoundTrace:
     time_verify: float = 0.0  # seconds verifying this round
     paths: int = 1  # K draft paths (multi-path methods)
     tree_nodes: int = 0  # distinct draft tokens in the tree the decoding pass verified (= drafted when K = 1)
+    drafter: str = "model"  # which drafter proposed the block: model | ngram ("none": nothing was drafted)
     verifier_scores: list[float] = field(default_factory=list)  # SPRINTER: learned-verifier score of each token
     verifier_accepts: list[bool] = field(default_factory=list)  # SPRINTER: its decision on each token
     acceptable: list[bool] = field(default_factory=list)  # SPRINTER: q(x) ≤ p(x) for each token (from the target)
@@ -73,6 +74,13 @@ class Trace:
         """Return the mean accepted length τ per round (None without rounds)."""
         return sum(r.accepted for r in self.rounds) / len(self.rounds) if self.rounds else None
 
+    def rounds_by_drafter(self) -> dict[str, int]:
+        """Return how many rounds each drafter proposed ("none": rounds that drafted nothing)."""
+        counts: dict[str, int] = {}
+        for r in self.rounds:
+            counts[r.drafter] = counts.get(r.drafter, 0) + 1
+        return counts
+
     def verifier_rates(self) -> dict[str, float | int | None]:
         """Return the learned verifier's online operating point over all drafted tokens (SPRINTER methods).
 
@@ -99,6 +107,7 @@ class Trace:
             acceptance_rate=self.acceptance_rate,
             tokens_per_target_call=self.tokens_per_target_call,
             mean_accepted=self.mean_accepted,
+            rounds_by_drafter=self.rounds_by_drafter(),
             seconds_per_token=self.time_total / self.generated if self.generated else None,
         )
         if any(r.verifier_accepts for r in self.rounds):

@@ -39,8 +39,8 @@ class HeldDecoder(Decoder):
         self.load_gate.wait()
         return super().model(role)
 
-    def engine(self, method: str) -> Any:
-        engine, held = super().engine(method), self
+    def engine(self, config: Any) -> Any:
+        engine, held = super().engine(config), self
 
         class Held:
             def decode(self, prompt_ids: list[int], config: Any, on_commit: Any = None) -> Any:

@@ -96,3 +96,48 @@ def expected_accepted(law_fn, target, draft, context: list[int], gamma: int, k: 
     """Return E[τ], the expected number of accepted draft tokens in one round (block efficiency − 1)."""
     law = round_law(law_fn, target, draft, context, gamma, k)
     return sum((len(emitted) - 1) * prob for emitted, prob in law.items())
+
+
+def point_mass_inputs(target: TabularLM, context: list[int], paths: list[list[int]]):
+    """Return (draft_tokens [K, γ], q [K, γ, V] one-hot, p [K, γ+1, V]) for fixed candidate paths after `context`."""
+    tokens = torch.tensor(paths, dtype=torch.long).view(len(paths), -1)
+    q = torch.zeros(*tokens.shape, target.vocab_size, dtype=torch.float64).scatter_(2, tokens.unsqueeze(-1), 1.0)
+    p = torch.stack([
+        torch.stack([target.conditional(context + list(path[:i])) for i in range(tokens.shape[1] + 1)])
+        for path in paths
+    ])
+    return tokens, q, p
+
+
+def fixed_draft_law(law_fn, target, propose, context: list[int], gamma: int, n: int, multipath: bool) -> dict:
+    """Return the exact law of the first `n` tokens output by rounds whose draft is a deterministic function of the
+    context: `propose(context, γ)` -> candidate paths of equal length ≤ γ ([] or [[]]: nothing drafted), each token
+    with a point-mass q. `law_fn` as in `round_law` (single path: a BlockLaw on path 0; multipath: the K paths)."""
+    memo: dict[tuple[int, ...], dict] = {}
+
+    def round_outcomes(ctx: list[int], g: int) -> dict:
+        paths = propose(ctx, g) or [[]]
+        inputs = point_mass_inputs(target, ctx, paths)
+        if not multipath:
+            outcomes = block_outcomes(0, law_fn(inputs[0][0], inputs[1][0], inputs[2][0]))
+        else:
+            outcomes = law_fn(*inputs)
+            outcomes = block_outcomes(*outcomes) if isinstance(outcomes, tuple) else outcomes
+        law: dict = defaultdict(float)
+        for outcome, prob in outcomes.items():
+            if prob != 0.0:
+                law[tuple(paths[outcome.path][: outcome.accepted]) + (outcome.token,)] += prob
+        return law
+
+    def rest(ctx: tuple[int, ...], m: int) -> dict:
+        if m == 0:
+            return {(): 1.0}
+        if ctx not in memo:
+            law: dict = defaultdict(float)
+            for emitted, prob in round_outcomes(list(ctx), min(gamma, m - 1)).items():
+                for tail, tail_prob in rest(ctx + emitted, m - len(emitted)).items():
+                    law[emitted + tail] += prob * tail_prob
+            memo[ctx] = law
+        return memo[ctx]
+
+    return dict(rest(tuple(context), n))

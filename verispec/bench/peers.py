@@ -3,8 +3,11 @@
 * `hf-generate`: `model.generate` of the target (transformers' autoregressive decoding, the `ar` peer);
 * `hf-assisted`: `model.generate(assistant_model=draft)`, transformers' assisted generation / speculative sampling,
   with a constant draft length γ and no confidence threshold (so the draft always proposes γ tokens, as `sd` does).
+* `hf-lookup`: `model.generate(prompt_lookup_num_tokens=γ)`, transformers' prompt lookup decoding (n-gram matches
+  of up to its default 2 tokens; the peer of `--drafter ngram`). Its rounds count as drafted the tokens fed beyond
+  the committed ones (no draft model runs).
 
-Both go through the public objects only: `Decoder.model(role)` gives the transformers model, and forward hooks
+All go through the public objects only: `Decoder.model(role)` gives the transformers model, and forward hooks
 (public PyTorch API) count the calls and the tokens each processed and time each forward. The rounds of the
 returned `Trace` are rebuilt from what the target's forwards see: round i starts with the target cache holding L_i
 tokens and feeds n_i tokens, d_i of them draft tokens (the draft forwards since the previous target forward; one per
@@ -37,6 +40,7 @@ from verispec.trace import RoundTrace, Trace
 PEERS = {
     "hf-generate": "transformers' model.generate on the target (the `ar` peer)",
     "hf-assisted": "transformers' assisted generation, model.generate(assistant_model=draft), constant γ",
+    "hf-lookup": "transformers' prompt lookup decoding, model.generate(prompt_lookup_num_tokens=γ)",
 }
 
 
@@ -188,6 +192,8 @@ def peer_generate(
     log = _ForwardLog()
     log.watch(target.model, "target")
     settings = nullcontext()
+    if method == "hf-lookup":
+        kwargs |= dict(prompt_lookup_num_tokens=gamma)
     if draft is not None:
         log.watch(draft.model, "draft")
         settings = _assistant_settings(draft.model, gamma)
@@ -204,6 +210,11 @@ def peer_generate(
         log.close()
     tokens = output[0, len(prompt_ids):].tolist()
     target_calls, per_round = log.rounds()
+    if method == "hf-lookup":
+        # No draft forwards to count: a round's candidates are the tokens fed beyond the committed ones the target
+        # cache lacked, the whole prompt in the first round, then one (transformers crops the cache to all but the
+        # last committed token after each verification).
+        per_round = [(fed - (len(prompt_ids) if i == 0 else 1), 0.0) for i, (_, fed, _) in enumerate(target_calls)]
     draft_calls = [e[1:] for e in log.events if e[0] == "draft"]
     trace = Trace(
         rounds=rounds_from_calls(target_calls, per_round, len(prompt_ids), len(tokens)),

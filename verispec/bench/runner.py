@@ -195,7 +195,9 @@ def decode_one(decoder: Decoder, config: BenchConfig, method: str, prompt: Promp
     return decoder.generate(prompt.text, method=name, gamma=settings.gamma, temperature=s.temperature,
                             top_k=s.top_k, top_p=s.top_p, max_new_tokens=settings.max_new_tokens,
                             seed=settings.seed, chat_template=config.chat_template, paths=settings.paths,
-                            cap=settings.cap, tau=settings.tau, knobs=relaxed_knobs(settings),
+                            cap=settings.cap, tau=settings.tau, drafter=settings.drafter,
+                            ngram_min=settings.ngram_min, ngram_max=settings.ngram_max,
+                            draft_vocab=settings.draft_vocab, knobs=relaxed_knobs(settings),
                             stop_text=function_end(problem) if problem is not None else None)
 
 

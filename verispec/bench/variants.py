@@ -1,6 +1,7 @@
 """Method variants for the bench: `name[:key=value,...]`, e.g. `sd:gamma=2`, `gbv:paths=3,gamma=8`,
-`sprinter:tau=0.3`, `typical:epsilon=0.3,delta=0.09`, `fly:entropy=0.3,window=3`, so that several settings of one
-method run interleaved in one benchmark. A lossy rule's knobs go by their short names after the rule
+`sprinter:tau=0.3`, `typical:epsilon=0.3,delta=0.09`, `fly:entropy=0.3,window=3`, `sd:drafter=ngram`,
+`bv:drafter=hybrid,ngram_min=3`, `sd:draft_vocab=16384`, so that several settings of one method run interleaved in
+one benchmark. A lossy rule's knobs go by their short names after the rule
 (`typical`: epsilon, delta; `margin`: delta; `fuzzy`: threshold; `fly`: entropy, window, top_k) or by their
 `DecodeConfig` names (typical_epsilon, ...); a knob out of range is a ConfigError naming it."""
 
@@ -12,7 +13,8 @@ from verispec.errors import ConfigError
 from verispec.verify.relaxed import RelaxedKnobs
 
 # What a variant may override, with the type of its value.
-OVERRIDES = {"gamma": int, "paths": int, "tau": float, "cap": int,
+OVERRIDES = {"gamma": int, "paths": int, "tau": float, "cap": int, "drafter": str, "ngram_min": int, "ngram_max": int,
+             "draft_vocab": int,
              **{name: type(getattr(RelaxedKnobs, name)) for name in RelaxedKnobs.__dataclass_fields__}}
 # The lossy rules' knobs by their short names after the rule (verify/relaxed.py): short name -> DecodeConfig field.
 KNOB_NAMES = {
@@ -29,7 +31,7 @@ class MethodVariant:
 
     label: str  # as written by the user; the records' "method" key
     name: str  # the registered method (verispec.methods.METHODS) or peer (verispec.bench.peers.PEERS)
-    overrides: dict[str, int | float] = field(default_factory=dict)  # gamma / paths / tau / cap / a lossy rule's knobs
+    overrides: dict[str, int | float | str] = field(default_factory=dict)  # the keys of OVERRIDES
 
 
 def parse_method(label: str, known: set[str] | list[str]) -> MethodVariant:
@@ -37,7 +39,7 @@ def parse_method(label: str, known: set[str] | list[str]) -> MethodVariant:
     name, _, rest = label.partition(":")
     if name not in known:
         raise ConfigError(f"unknown method {name!r} in {label!r}; choose from: {', '.join(sorted(known))}")
-    overrides: dict[str, int | float] = {}
+    overrides: dict[str, int | float | str] = {}
     short = KNOB_NAMES.get(name, {})
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")

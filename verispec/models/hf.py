@@ -31,7 +31,11 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 class HFCausalLM:
     """A transformers causal LM with a DynamicCache; implements `verispec.models.CausalLM`."""
 
-    def __init__(self, model: Any, tokenizer: Any = None, name: str | None = None) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any = None, name: str | None = None, vocab_ids: Sequence[int] | None = None
+    ) -> None:
+        """`vocab_ids`: a reduced head; the output layer is sliced to these token ids once, here (before any
+        weight packing), and `forward` returns logits over the whole vocabulary with -inf outside them."""
         from transformers import DynamicCache
 
         self.model = model.eval()
@@ -42,6 +46,10 @@ class HFCausalLM:
         self.name = name or getattr(model.config, "name_or_path", None) or type(model).__name__
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device
+        self.vocab_ids: torch.Tensor | None = None  # [N] long, sorted: the token ids of a reduced head
+        self.draft_vocab: int | None = None  # N, or None for the full head
+        if vocab_ids is not None:
+            self._slice_head(vocab_ids)
         self._new_cache = lambda: DynamicCache(config=model.config)
         self.reset()
 
@@ -85,9 +93,33 @@ class HFCausalLM:
         )
         # float32 at least (bf16/fp16 logits are upcast); float64 models keep their precision.
         upcast = (lambda t: t) if out.logits.dtype == torch.float64 else (lambda t: t.float())
-        logits = upcast(out.logits[0, -n_logits:]).cpu()  # [n, V]
+        logits = upcast(out.logits[0, -n_logits:])  # [n, V], or [n, N] with a reduced head
+        if self.vocab_ids is not None:
+            # Back to full-vocabulary ids: -inf outside the head, so softmax, top-k/top-p and argmax give q zero there.
+            full = logits.new_full((n_logits, self.vocab_size), float("-inf"))
+            logits = full.index_copy_(1, self.vocab_ids, logits)  # [n, V]
+        logits = logits.cpu()
         hidden = upcast(out.hidden_states[-1][0, -n_logits:]).cpu() if return_hidden else None  # [n, H]
         return ForwardOutput(logits=logits, hidden=hidden)
+
+    @torch.no_grad()
+    def _slice_head(self, vocab_ids: Sequence[int]) -> None:
+        """Replace the output layer by its rows `vocab_ids` (a smaller nn.Linear: N instead of V logits)."""
+        ids = sorted({int(t) for t in vocab_ids})
+        if len(ids) < 2 or ids[0] < 0 or ids[-1] >= self.vocab_size:
+            raise ConfigError(f"a reduced head needs >= 2 distinct token ids in [0, {self.vocab_size}), got "
+                              f"{len(ids)} in [{ids[0] if ids else None}, {ids[-1] if ids else None}]")
+        head = self.model.get_output_embeddings()
+        if head.weight.shape[-1] == 0:
+            raise ConfigError(f"the output layer of {self.name!r} is already packed; slice it before packing")
+        index = torch.tensor(ids, dtype=torch.long, device=head.weight.device)
+        sliced = torch.nn.Linear(head.in_features, len(ids), bias=head.bias is not None,
+                                 dtype=head.weight.dtype, device=head.weight.device)
+        sliced.weight.copy_(head.weight.index_select(0, index))
+        if head.bias is not None:
+            sliced.bias.copy_(head.bias.index_select(0, index))
+        self.model.set_output_embeddings(sliced)  # the full head is released unless tied to the input embeddings
+        self.vocab_ids, self.draft_vocab = index.to(self.device), len(ids)
 
     def truncate(self, length: int) -> None:
         """Roll the KV cache back to its first `length` tokens."""

@@ -23,11 +23,14 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     device: str = "cpu",
     linear_backend: str = DEFAULT_LINEAR_BACKEND,
+    draft_vocab: int | None = None,
 ) -> HFCausalLM:
     """Return the model named by `spec` for `role` ("target" or "draft"); None or "default" is the embedded pair.
 
     `linear_backend`: "int8" (default), "onednn" (CPU only, see verispec.models.fastpath) or "torch"
     (transformers as is).
+    `draft_vocab`: N, to slice the output layer to the N most frequent tokens plus the special ones
+    (`verispec.drafters.vocab`) before the weights are packed or quantized.
     """
     check_linear_backend(linear_backend)  # before minutes of loading
     if spec is None or spec == DEFAULT:
@@ -36,6 +39,13 @@ def load_model(
     else:
         path, name = spec, spec
     model, tokenizer = load_pretrained(path, dtype=dtype, device=device)
-    wrapped = HFCausalLM(model, tokenizer, name=name)  # reads the vocabulary size before the weights are packed
+    vocab_ids = None
+    if draft_vocab is not None:
+        from verispec.drafters.vocab import draft_vocabulary
+
+        vocab_ids = draft_vocabulary(tokenizer, draft_vocab, int(model.get_output_embeddings().weight.shape[0]))
+        name = f"{name} (head of {draft_vocab} tokens)"
+    # reads the vocabulary size and slices the head before the weights are packed
+    wrapped = HFCausalLM(model, tokenizer, name=name, vocab_ids=vocab_ids)
     apply_linear_backend(wrapped, linear_backend)
     return wrapped

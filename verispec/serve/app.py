@@ -121,7 +121,7 @@ async def _generate(request: Request, backend: Backend, config: ServeConfig, kin
                        param="model")
     wanted = settings(req, config.defaults)
     ids = backend.encode_chat(req.messages) if kind == "chat" else backend.encode_completion(req.prompt)
-    limit = backend.context_limit(wanted.config.method)
+    limit = backend.context_limit(wanted.config)
     budget = fit_max_tokens(len(ids), wanted.config.max_new_tokens, limit, wanted.max_tokens_given)
     job = Job(ids, dataclasses.replace(wanted.config, max_new_tokens=budget), wanted.stop)
     job.bind()

@@ -40,9 +40,10 @@ def raw_prompt_ids(tokenizer: Any, prompt: str | list[str]) -> list[int]:
     return [int(t) for t in tokenizer(prompt, add_special_tokens=False)["input_ids"]]
 
 
-def context_limit(decoder: Any, method: str) -> int | None:
-    """Return the longest sequence (prompt + generated tokens) every model that `method` runs accepts, or None."""
-    limits = [n for n in map(context_length, decoder.models_for(method).values()) if n is not None]
+def context_limit(decoder: Any, config: Any) -> int | None:
+    """Return the longest sequence (prompt + generated tokens) every model a decode with `config` (a DecodeConfig)
+    runs accepts, or None."""
+    limits = [n for n in map(context_length, decoder.models_for(config).values()) if n is not None]
     return min(limits) if limits else None
 
 

@@ -106,7 +106,7 @@ class Backend(Protocol):
 
     def encode_chat(self, messages: Sequence[Message]) -> list[int]: ...
     def encode_completion(self, prompt: str | list[str]) -> list[int]: ...
-    def context_limit(self, method: str) -> int | None: ...
+    def context_limit(self, config: DecodeConfig) -> int | None: ...
     def submit(self, job: Job) -> None: ...
     def retry_after(self) -> int: ...
     def start(self) -> None: ...
@@ -135,8 +135,8 @@ class EngineWorker:
         with self._tokenizer_lock:
             return raw_prompt_ids(self.decoder.tokenizer, prompt)
 
-    def context_limit(self, method: str) -> int | None:
-        return context_limit(self.decoder, method)
+    def context_limit(self, config: DecodeConfig) -> int | None:
+        return context_limit(self.decoder, config)
 
     def submit(self, job: Job) -> None:
         """Queue `job`; raise APIError 429 (with Retry-After) when the queue is full."""
@@ -197,7 +197,7 @@ class EngineWorker:
     def _serve(self, job: Job) -> None:
         method = job.config.method
         try:
-            engine = self.decoder.engine(method)
+            engine = self.decoder.engine(job.config)
         except VerispecError as exc:
             job.send(Failed(APIError(400, str(exc))))
             return

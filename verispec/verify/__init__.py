@@ -21,6 +21,7 @@ Each law also gives E[τ] given the drafted block(s) exactly (`BlockLaw.expected
 `verispec fixed-blocks` averages over shared drafted paths to compare verifiers without decoding noise.
 The lossy rules (`approximate.py`: SPRINTER; `relaxed.py`: typical, margin, fuzzy, fly) follow the same pattern; a
 relaxed rule's law is SD's with a gate that also keeps tokens, and it returns each position's leak TV(output, p).
+Fixed candidates (prompt lookup, K > 1) are not i.i.d. draws: `candidate_tree_verify` walks them by sample-and-match.
 Traversal is the exception: its sampler walks the same chain of leaf visits that its law sums (one coin a leaf),
 since enumerating the vocabulary at every visited leaf costs far more than the draw; a Monte-Carlo test ties the two.
 """
@@ -28,6 +29,7 @@ since enumerating the vocabulary at every visited leaf costs far more than the d
 from verispec.verify.approximate import sprinter_verify, sprinter_verify_law
 from verispec.verify.block import block_verify, block_verify_law
 from verispec.verify.common import BlockLaw, VerifyResult, draw
+from verispec.verify.deterministic import candidate_tree_expected_accepted, candidate_tree_law, candidate_tree_verify
 from verispec.verify.multipath import (
     NODE_LAWS,
     gbv_verify,
@@ -52,6 +54,9 @@ __all__ = [
     "block_verify_law",
     "RelaxedKnobs",
     "build_prefix_tree",
+    "candidate_tree_expected_accepted",
+    "candidate_tree_law",
+    "candidate_tree_verify",
     "draw",
     "draw_outcome",
     "gbv_verify",

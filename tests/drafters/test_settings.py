@@ -1,0 +1,58 @@
+"""Drafter settings from the command line, the API and bench variants reach `DecodeConfig`; bad ones exit cleanly."""
+
+from __future__ import annotations
+
+import pytest
+
+import verispec.api as api
+from verispec.bench.variants import parse_method
+from verispec.cli import main
+from verispec.engine import DecodeConfig
+from verispec.errors import ConfigError
+
+
+def test_cli_flags_parse_into_the_decode_config(monkeypatch, capsys):
+    seen = {}
+
+    def fake_generate(self, prompt, **kwargs):
+        seen["config"] = DecodeConfig(
+            method=kwargs["method"], gamma=kwargs["gamma"], paths=kwargs["paths"], drafter=kwargs["drafter"],
+            ngram_min=kwargs["ngram_min"], ngram_max=kwargs["ngram_max"], draft_vocab=kwargs["draft_vocab"],
+        )
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(api.Decoder, "generate", fake_generate)
+    argv = ["generate", "hi", "--method", "bv", "--drafter", "hybrid", "--ngram-min", "1", "--ngram-max", "5",
+            "--draft-vocab", "8192"]
+    assert main(argv) == 2
+    config = seen["config"]
+    assert (config.method, config.drafter, config.ngram_min, config.ngram_max, config.draft_vocab) == (
+        "bv", "hybrid", 1, 5, 8192)
+    assert main(["generate", "hi"]) == 2
+    assert seen["config"].drafter == DecodeConfig.drafter and seen["config"].draft_vocab is None
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--drafter", "nope"], "unknown drafter 'nope'"),
+        (["--drafter", "ngram", "--ngram-min", "4", "--ngram-max", "2"], "must not exceed ngram_max"),
+        (["--drafter", "ngram", "--ngram-min", "0"], "ngram_min"),
+        (["--draft-vocab", "1"], "draft_vocab"),
+        (["--method", "ar", "--drafter", "ngram"], "takes no drafter other than 'model'"),
+    ],
+)
+def test_bad_drafter_flags_exit_2_with_a_message(capsys, argv, message):
+    assert main(["generate", "hi", *argv]) == 2  # checked before any model loads
+    err = capsys.readouterr().err
+    assert err.startswith("verispec: error:") and message in err and "Traceback" not in err
+
+
+def test_bench_variants_carry_drafter_settings():
+    variant = parse_method("bv:drafter=hybrid,ngram_min=3,ngram_max=5,gamma=6", {"bv"})
+    assert variant.overrides == {"drafter": "hybrid", "ngram_min": 3, "ngram_max": 5, "gamma": 6}
+    assert parse_method("sd:draft_vocab=16384", {"sd"}).overrides == {"draft_vocab": 16384}
+    config = DecodeConfig("bv", **variant.overrides)
+    assert config.drafter == "hybrid" and config.ngram_max == 5
+    with pytest.raises(ConfigError, match="bad value"):
+        parse_method("sd:draft_vocab=lots", {"sd"})

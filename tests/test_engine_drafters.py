@@ -1,0 +1,131 @@
+"""The drafters in the decode loop: greedy equivalence with `ar`, the loop's output law, lengths, trace, errors."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+import pytest
+
+from tests.stats import FALSE_ALARM, chi_square_pvalue, target_law
+from verispec.engine import DecodeConfig, Engine
+from verispec.errors import ConfigError
+from verispec.models.hf import HFCausalLM
+from verispec.models.tabular import TabularLM
+from verispec.sampling import SamplingConfig
+
+# Repetitive, so that prompt lookup finds matches from the first round on.
+PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef add(a, b):\n    return"
+SINGLE = [("sd", 1), ("bv", 1)]
+MULTI = [("gbv", 3), ("nss", 2), ("specinfer", 3), ("spectr", 2), ("traversal", 2)]
+
+
+def ids(tokenizer):
+    return tokenizer(PROMPT)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def reduced_same(tiny_pair, tokenizer):
+    """The target's own weights with a head over half the vocabulary (the special tokens and the even ids)."""
+    model = copy.deepcopy(tiny_pair["target"].model)
+    keep = [0, 1] + list(range(2, len(tokenizer), 2))
+    return HFCausalLM(model, tokenizer, name="tiny-same-reduced", vocab_ids=keep)
+
+
+@pytest.mark.parametrize("method,paths", SINGLE + MULTI)
+@pytest.mark.parametrize("drafter,ngram_min", [("ngram", 1), ("ngram", 2), ("hybrid", 2)])
+def test_greedy_drafters_equal_ar(tiny_pair, tokenizer, method, paths, drafter, ngram_min):
+    engine = Engine(tiny_pair["target"], tiny_pair["partial"])
+    expected = engine.decode(ids(tokenizer), DecodeConfig("ar", max_new_tokens=40)).tokens
+    config = DecodeConfig(method, gamma=4, max_new_tokens=40, paths=paths, drafter=drafter, ngram_min=ngram_min)
+    out = engine.decode(ids(tokenizer), config)
+    assert out.tokens == expected
+    proposed = out.trace.rounds_by_drafter()
+    assert proposed.get("ngram", 0) > 0
+    if drafter == "ngram":
+        assert out.trace.draft_calls == 0 and "model" not in proposed
+
+
+@pytest.mark.parametrize("method,paths", SINGLE + [("gbv", 2), ("specinfer", 2)])
+def test_greedy_reduced_head_equals_ar(tiny_pair, tokenizer, reduced_same, method, paths):
+    engine = Engine(tiny_pair["target"], reduced_same)
+    expected = engine.decode(ids(tokenizer), DecodeConfig("ar", max_new_tokens=40)).tokens
+    config = DecodeConfig(method, gamma=4, max_new_tokens=40, paths=paths, draft_vocab=reduced_same.draft_vocab)
+    out = engine.decode(ids(tokenizer), config)
+    assert out.tokens == expected
+    # The same weights, half the head: a target token outside the head is never drafted, one inside always is.
+    assert 0.0 < out.trace.acceptance_rate < 1.0
+
+
+def test_hybrid_records_which_drafter_proposed(tiny_pair, tokenizer):
+    engine = Engine(tiny_pair["target"], tiny_pair["partial"])
+    config = DecodeConfig("sd", gamma=4, max_new_tokens=60, drafter="hybrid", ngram_min=3, ngram_max=4)
+    trace = engine.decode(ids(tokenizer), config).trace
+    counts = trace.rounds_by_drafter()
+    assert counts.get("ngram", 0) > 0 and counts.get("model", 0) > 0
+    assert trace.draft_calls == sum(r.drafted for r in trace.rounds if r.drafter == "model")
+    assert trace.to_dict()["rounds_by_drafter"] == counts
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 13])
+@pytest.mark.parametrize("drafter", ["ngram", "hybrid"])
+def test_stops_exactly_at_max_new_tokens(tiny_pair, tokenizer, n, drafter):
+    engine = Engine(tiny_pair["target"], tiny_pair["same"])
+    out = engine.decode(ids(tokenizer), DecodeConfig("sd", 4, n, drafter=drafter, ngram_min=1))
+    assert out.tokens == engine.decode(ids(tokenizer), DecodeConfig("ar", max_new_tokens=n)).tokens
+    produced = 0
+    for r in out.trace.rounds:  # a round never drafts what max_new_tokens could not keep
+        assert r.drafted <= n - produced - 1
+        produced += r.emitted
+
+
+@pytest.mark.parametrize("method,paths", [("sd", 1), ("specinfer", 3)])
+def test_full_loop_law_with_prompt_lookup(method, paths):
+    """Monte-Carlo through the decode loop on a tabular target: 3,000 runs of 3 tokens, chi-square at 1e-6.
+    The lookup's candidates (several of them for multi-path methods) verify as the target's law."""
+    target = TabularLM(3, seed=81)
+    engine = Engine(target, None)
+    sampling = SamplingConfig(temperature=1.0)
+    prompt = [0, 1, 2, 0, 1]
+    counts = Counter(
+        tuple(engine.decode(prompt, DecodeConfig(method, 2, 3, sampling, seed=s, paths=paths, drafter="ngram",
+                                                 ngram_min=1, ngram_max=2)).tokens)
+        for s in range(3000)
+    )
+    assert chi_square_pvalue(counts, target_law(target, prompt, 3)) > FALSE_ALARM
+
+
+def test_ngram_needs_no_draft_model_and_model_drafter_does(tiny_pair, tokenizer):
+    engine = Engine(tiny_pair["target"], None)
+    assert len(engine.decode(ids(tokenizer), DecodeConfig("sd", max_new_tokens=5, drafter="ngram")).tokens) == 5
+    for drafter in ("model", "hybrid"):
+        with pytest.raises(ConfigError, match="needs a draft model"):
+            engine.decode(ids(tokenizer), DecodeConfig("sd", drafter=drafter))
+
+
+def test_draft_vocab_must_match_the_loaded_head(tiny_pair, tokenizer, reduced_same):
+    with pytest.raises(ConfigError, match="head of 7 tokens"):
+        Engine(tiny_pair["target"], tiny_pair["same"]).decode(ids(tokenizer), DecodeConfig("sd", draft_vocab=7))
+    with pytest.raises(ConfigError, match="exceeds the vocabulary"):
+        Engine(tiny_pair["target"], reduced_same).decode(ids(tokenizer), DecodeConfig("sd", draft_vocab=10_000))
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(drafter="nope"), "unknown drafter 'nope'; choose one of: model, ngram, hybrid"),
+        (dict(drafter="ngram", ngram_min=3, ngram_max=2), r"ngram_min \(3\) must not exceed ngram_max \(2\)"),
+        (dict(drafter="ngram", ngram_min=0), "ngram_min .* must be an integer >= 1"),
+        (dict(drafter="ngram", ngram_max=0), "ngram_max .* must be an integer >= 1"),
+        (dict(draft_vocab=1), "draft_vocab .* must be an integer >= 2"),
+        (dict(draft_vocab=1.5), "draft_vocab .* must be an integer >= 2"),
+        (dict(drafter="ngram", draft_vocab=64), "draft model's head, which method 'sd' with drafter 'ngram'"),
+        (dict(method="ar", drafter="ngram"), "method 'ar' takes no drafter other than 'model'"),
+        (dict(method="sprinter", drafter="hybrid"), "method 'sprinter' takes no drafter other than 'model'"),
+        (dict(method="ar", draft_vocab=64), "method 'ar' with drafter 'model' does not use"),
+    ],
+)
+def test_bad_drafter_settings_are_config_errors(settings, message):
+    settings = {"method": "sd", **settings}
+    with pytest.raises(ConfigError, match=message):
+        DecodeConfig(**settings)

@@ -1,0 +1,71 @@
+"""Drafters: what proposes each round's draft block. A decoding method is a (drafter, verifier) pair.
+
+- `model`: K i.i.d. paths sampled from the draft model (the default; its output layer may be reduced to the N most
+  frequent tokens, `verispec.drafters.vocab`).
+- `ngram`: prompt lookup; fixed candidates with a point-mass q, no model forward (docs/algorithms.md §6.1).
+- `hybrid`: the n-gram candidates where the context has a match, the draft model elsewhere.
+
+Every drafter returns the exact q its tokens were drawn from, so the verifiers' contract does not change. Distinct
+deterministic candidates are not i.i.d. draws, so multi-path methods verify them with the candidate-tree rule
+(`verispec.verify.deterministic`); single-path methods (sd, bv) use a point-mass q as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verispec.drafters.base import Drafter, DraftRequest
+from verispec.drafters.hybrid import HybridDrafter
+from verispec.drafters.model import ModelDrafter
+from verispec.drafters.ngram import NgramDrafter, NgramIndex
+from verispec.errors import ConfigError
+from verispec.models.protocol import CausalLM
+
+__all__ = ["DRAFTERS", "Drafter", "DraftRequest", "HybridDrafter", "ModelDrafter", "NgramDrafter", "NgramIndex",
+           "check_drafter_settings", "make_drafter", "uses_draft_model"]
+
+DRAFTERS: dict[str, str] = {
+    "model": "K i.i.d. paths sampled from the draft model",
+    "ngram": "prompt lookup: what followed the longest earlier match of the context's suffix (point-mass q)",
+    "hybrid": "prompt lookup where the context has a match, the draft model elsewhere",
+}
+
+
+def uses_draft_model(drafter: str) -> bool:
+    """Return whether the drafter `drafter` samples from the draft model."""
+    return drafter != "ngram"
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def check_drafter_settings(config: Any, method: Any) -> None:
+    """Raise ConfigError naming what is wrong with the drafter settings of `config` (a DecodeConfig) for `method`."""
+    if config.drafter not in DRAFTERS:
+        raise ConfigError(f"unknown drafter {config.drafter!r}; choose one of: {', '.join(DRAFTERS)}")
+    _positive_int("ngram_min (the shortest n-gram looked up)", config.ngram_min)
+    _positive_int("ngram_max (the longest n-gram looked up)", config.ngram_max)
+    if config.ngram_min > config.ngram_max:
+        raise ConfigError(f"ngram_min ({config.ngram_min}) must not exceed ngram_max ({config.ngram_max})")
+    if config.drafter != "model" and (not method.speculative or method.learned_stop):
+        raise ConfigError(f"method {method.name!r} takes no drafter other than 'model' (got {config.drafter!r}): "
+                          f"only speculative methods without a learned stop rule draft through a drafter")
+    if config.draft_vocab is not None:
+        if not isinstance(config.draft_vocab, int) or isinstance(config.draft_vocab, bool) or config.draft_vocab < 2:
+            raise ConfigError(f"draft_vocab (tokens of the reduced draft head) must be an integer >= 2, got "
+                              f"{config.draft_vocab!r}")
+        drafts = method.decoder == "draft" or (method.speculative and uses_draft_model(config.drafter))
+        if not drafts:
+            raise ConfigError(f"draft_vocab={config.draft_vocab} reduces the draft model's head, which method "
+                              f"{method.name!r} with drafter {config.drafter!r} does not use")
+
+
+def make_drafter(config: Any, draft_model: CausalLM | None) -> Drafter:
+    """Return a fresh drafter for one decode with `config` (a DecodeConfig); `draft_model` None drafts nothing."""
+    if config.drafter == "ngram":
+        return NgramDrafter(config.ngram_min, config.ngram_max)
+    if config.drafter == "hybrid":
+        return HybridDrafter(NgramDrafter(config.ngram_min, config.ngram_max), ModelDrafter(draft_model))
+    return ModelDrafter(draft_model)

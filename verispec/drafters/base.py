@@ -1,0 +1,55 @@
+"""The drafter contract: what one round asks of a drafter and what it gets back (a `DraftBlock`).
+
+A drafter proposes K paths of up to γ tokens and the exact distribution q each token was drawn from, so every
+verifier's contract stays as it is (docs/algorithms.md §6.1). A deterministic drafter (n-gram lookup) draws from a
+point mass: q is one-hot on its token, and its K candidates are fixed, not i.i.d. draws (`DraftBlock.deterministic`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from verispec.drafting import DraftBlock, StopRule
+from verispec.sampling import SamplingConfig
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """What the decode loop gives a drafter each round."""
+
+    tokens: list[int]  # the committed sequence: prompt + output so far
+    n_paths: int  # K: the most paths the round may verify
+    gamma: int  # the most tokens a path may hold (already cut so that the round cannot pass max_new_tokens)
+    sampling: SamplingConfig  # how model logits become q
+    generator: torch.Generator  # every draw of the decode
+    eos_token_ids: frozenset[int]
+    vocab_size: int  # V of the decoding model: q rows are [V]
+    stop_rule: StopRule | None = None  # SPRINTER's learned verifier (model drafter only)
+
+
+class Drafter(Protocol):
+    """Proposes the draft block of each round of one decode (a fresh drafter per decode)."""
+
+    name: str
+
+    def propose(self, request: DraftRequest) -> DraftBlock:
+        """Return K ≥ 1 paths of equal length γ' ≤ request.gamma (γ' = 0: nothing drafted) and their q."""
+        ...
+
+
+def empty_block(n_paths: int, vocab_size: int, deterministic: bool = False) -> DraftBlock:
+    """Return a block that drafts nothing: the round is a plain decoding step."""
+    q = torch.empty(n_paths, 0, vocab_size, dtype=torch.float64)  # [K, 0, V]
+    return DraftBlock([[] for _ in range(n_paths)], q, [[] for _ in range(n_paths)], 0, 0, drafter="none",
+                      deterministic=deterministic)
+
+
+def point_mass_block(paths: list[list[int]], vocab_size: int, drafter: str) -> DraftBlock:
+    """Return a block of fixed candidate `paths` (equal lengths) whose q is a point mass on each drafted token."""
+    tokens = torch.tensor(paths, dtype=torch.long).view(len(paths), -1)  # [K, γ']
+    q = torch.zeros(*tokens.shape, vocab_size, dtype=torch.float64)  # [K, γ', V]
+    q.scatter_(2, tokens.unsqueeze(-1), 1.0)
+    return DraftBlock([list(p) for p in paths], q, [[] for _ in paths], 0, 0, drafter=drafter, deterministic=True)
