@@ -23,7 +23,7 @@ from statistics import fmean
 from typing import Any
 
 from verispec.bench.metrics import alpha_estimate, efficiency, target_calls_and_tokens
-from verispec.bench.report import fmt, in_ms, with_ci
+from verispec.bench.tables import fmt, in_ms, with_ci
 
 RESAMPLES, SEED = 2000, 0
 

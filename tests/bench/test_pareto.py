@@ -9,8 +9,9 @@ import pytest
 
 from verispec.bench.metrics import summarize
 from verispec.bench.pareto import Point, pareto_front, pareto_points, plot_pareto
-from verispec.bench.report import QUALITY_COLUMNS, format_table, write_report
+from verispec.bench.report import QUALITY_COLUMNS, write_report
 from verispec.bench.runner import BenchConfig
+from verispec.bench.tables import format_table
 from verispec.cli import main
 from verispec.errors import ConfigError
 

@@ -20,8 +20,9 @@ def _optional_int(text: str) -> int | None:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark; print the table and write the results JSON (and the report with --report)."""
     from verispec.bench.files import check_new_output
-    from verispec.bench.report import FULL_COLUMNS, format_table, write_report
+    from verispec.bench.report import FULL_COLUMNS, write_report
     from verispec.bench.runner import BenchConfig, run_bench
+    from verispec.bench.tables import format_table
 
     if getattr(args, "sweep", None):  # the lossy rules over their knobs, with the lossless references (bench/pareto.py)
         from verispec.bench.pareto import sweep_methods

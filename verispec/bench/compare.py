@@ -13,8 +13,8 @@ from typing import Any
 from verispec.api import Decoder
 from verispec.bench.datasets import BUILTIN_PROMPTS, Prompt
 from verispec.bench.metrics import summarize
-from verispec.bench.report import format_table
 from verispec.bench.runner import BenchConfig, machine_description, run_bench
+from verispec.bench.tables import format_table
 
 __all__ = ["BUILTIN_PROMPTS", "CompareConfig", "format_table", "machine_description", "run_compare", "summarize"]
 

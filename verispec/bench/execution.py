@@ -18,7 +18,7 @@ further text could no longer change the program, so stopping there costs no pass
 * in a fresh temporary directory (its working directory, HOME and TMPDIR), deleted afterwards;
 * as `python -I -B` (isolated mode: no PYTHONPATH, no user site, no .pyc), with an environment of PATH, HOME,
   TMPDIR and LANG only, stdin from /dev/null, stdout and stderr to files in that directory;
-* in a new session (its process group is killed at the wall-clock limit, `timeout`);
+* in a process group of its own (`setsid`; the whole group is killed at the wall-clock limit, `timeout`);
 * with `resource.setrlimit` limits set before exec: CPU seconds (the same limit), address space (`memory_bytes`),
   size of any file it writes (`FILE_LIMIT`, which also bounds what it prints), no core dumps;
 * in a new network namespace (`unshare -n`, or `unshare -rn` for an unprivileged user where user namespaces are

@@ -31,8 +31,8 @@ from verispec.api import Decoder
 from verispec.bench.datasets import Prompt, load_prompts
 from verispec.bench.files import check_writable, write_atomically
 from verispec.bench.metrics import bootstrap_ratio
-from verispec.bench.report import with_ci
 from verispec.bench.runner import git_state, machine_description, versions
+from verispec.bench.tables import with_ci
 from verispec.drafting import draft_paths
 from verispec.engine import path_rows, tree_pass
 from verispec.errors import ConfigError

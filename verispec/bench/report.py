@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,34 +13,11 @@ from verispec.bench.metrics import (
     TIME_PARTS,
     decode_split,
     efficiency,
-    one_token_target_seconds,
-    theoretical_speedup,
 )
+from verispec.bench.modelled import render_modelled
 from verispec.bench.sprinter_online import sprinter_online
+from verispec.bench.tables import Column, ci_cell, fmt, format_table, in_ms, with_ci
 from verispec.errors import ConfigError
-
-Column = tuple[str, Callable[[dict[str, Any]], str]]
-
-
-def fmt(value: Any, spec: str, suffix: str = "") -> str:
-    """Return `value` formatted with `spec` and `suffix`, or '-' when it is None."""
-    return "-" if value is None else format(value, spec) + suffix
-
-
-def _ci(row: dict[str, Any], key: str = "speedup") -> str:
-    ci = row.get(f"{key}_ci95")
-    return "-" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
-
-
-# The table `verispec compare` prints (and always has).
-COMPACT_COLUMNS: list[Column] = [
-    ("method", lambda r: str(r["method"])),
-    ("tokens", lambda r: str(r["tokens"])),
-    ("tokens/s", lambda r: fmt(r["tokens_per_second"], ".2f")),
-    ("speedup", lambda r: fmt(r["speedup"], ".2f", "x")),
-    ("acceptance", lambda r: fmt(r["acceptance_rate"], ".3f")),
-    ("tokens/target call", lambda r: fmt(r["tokens_per_target_call"], ".2f")),
-]
 
 # The full table of `verispec report`.
 FULL_COLUMNS: list[Column] = [
@@ -49,7 +26,7 @@ FULL_COLUMNS: list[Column] = [
     ("tokens", lambda r: str(r["tokens"])),
     ("ms/token", lambda r: fmt(r["seconds_per_token"] and 1000 * r["seconds_per_token"], ".1f")),
     ("speedup", lambda r: fmt(r["speedup"], ".2f", "x")),
-    ("95% CI", _ci),
+    ("95% CI", ci_cell),
     ("tokens/target call", lambda r: fmt(r["tokens_per_target_call"], ".2f")),
     ("acceptance", lambda r: fmt(r["acceptance_rate"], ".3f")),
     ("α", lambda r: fmt(r["alpha"], ".3f")),
@@ -71,19 +48,10 @@ def full_columns(compare_to: str | None = None) -> list[Column]:
     key = f"speedup_vs_{compare_to}"
     versus: list[Column] = [
         (f"vs {compare_to}", lambda r: fmt(r.get(key), ".2f", "x")),
-        (f"95% CI vs {compare_to}", lambda r: _ci(r, key)),
+        (f"95% CI vs {compare_to}", lambda r: ci_cell(r, key)),
     ]
     at = [header for header, _ in FULL_COLUMNS].index("95% CI") + 1
     return [*FULL_COLUMNS[:at], *versus, *FULL_COLUMNS[at:]]
-
-
-def with_ci(row: dict[str, Any], key: str, spec: str, count: bool = False, suffix: str = "") -> str:
-    """Return `value [lo, hi]` (and `, n = prompts` with `count`) of an aggregate with a 95% interval."""
-    value, ci = row.get(key), row.get(f"{key}_ci95")
-    if value is None:
-        return "-"
-    text = format(value, spec) + suffix + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else "")
-    return text + (f", n = {row.get(f'{key}_prompts')}" if count else "")
 
 
 # Quality (bench --quality), FLOPs and SPRINTER's online operating point: the second table of `verispec report`.
@@ -117,9 +85,9 @@ QUALITY_NOTE = (
     "prompt prefill (convention: `verispec/bench/flops.py`). η_FP / η_TP: the learned verifier's acceptance rate "
     "among unacceptable / acceptable drafted tokens (q(x) ≤ p(x)), measured online and pooled over prompts. "
     "Leak: the mean over drafted positions of ε = Σ_v a(v)·(q(v) − p(v))_+, the exact TV between that position's "
-    "output law and p given the rule's acceptance a(v) of every token (ALGORITHMS.md §3.3; SPRINTER: the positions "
-    "its verifier steers; typical / margin / fuzzy / fly: the positions the rule examined, fly's ε an unbiased "
-    "one-sample estimate, `verispec/verify/relaxed.py`); 0 for lossless methods, '-' for `draft`."
+    "output law and p given the rule's acceptance a(v) of every token (docs/algorithms.md §3.3; SPRINTER: the "
+    "positions its verifier steers; typical / margin / fuzzy / fly: the positions the rule examined, fly's ε an "
+    "unbiased one-sample estimate, `verispec/verify/relaxed.py`); 0 for lossless methods, '-' for `draft`."
 )
 
 
@@ -182,7 +150,7 @@ def _split_columns(baseline: str) -> list[Column]:
         ("decode-round ms/token", lambda r: fmt(r["decode_seconds_per_token"] and
                                                  1000 * r["decode_seconds_per_token"], ".1f")),
         (f"decode-round speedup vs {baseline}", lambda r: fmt(r["decode_speedup"], ".2f", "x")),
-        ("95% CI", lambda r: _ci(r, "decode_speedup")),
+        ("95% CI", lambda r: ci_cell(r, "decode_speedup")),
         (f"whole-decode speedup vs {baseline}", lambda r: fmt(r.get("speedup"), ".2f", "x")),
         ("theoretical speedup", lambda r: fmt(r.get("theoretical_speedup"), ".2f", "x")),
     ]
@@ -207,12 +175,6 @@ def render_decode_split(results: dict[str, Any], baseline: str) -> str:
         "whole-decode speedup is the main table's. Bookkeeping outside the rounds (and the peers' logits "
         "processing) counts as decode-round time.",
     ])
-
-
-def in_ms(row: dict[str, Any], key: str) -> dict[str, Any]:
-    """Return `row` with `key` and its 95% interval converted from seconds to milliseconds."""
-    value, ci = row.get(key), row.get(f"{key}_ci95")
-    return {**row, key: value and 1000 * value, f"{key}_ci95": ci and [1000 * x for x in ci]}
 
 
 def _time_split(row: dict[str, Any]) -> str:
@@ -264,14 +226,6 @@ def render_efficiency(results: dict[str, Any]) -> str:
 def _has_quality_or_cost(rows: Sequence[dict[str, Any]]) -> bool:
     keys = ("flops_per_token", "nll_per_token", "rouge_l_vs_ar", "rouge_l_vs_reference", "eta_fp", "eta_tp")
     return any(r.get(k) is not None for r in rows for k in keys)
-
-
-def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column] = COMPACT_COLUMNS) -> str:
-    """Return the aggregate rows as a markdown table with `columns` (header, formatter)."""
-    lines = ["| " + " | ".join(h for h, _ in columns) + " |",
-             "|---|" + "---:|" * (len(columns) - 1)]
-    lines += ["| " + " | ".join(cell(r) for _, cell in columns) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _llamacpp_line(results: dict[str, Any]) -> list[str]:
@@ -407,81 +361,3 @@ def _write_report(
     return markdown, markdown_path, plot_path
 
 
-# ---- Modelled times (verispec.costmodel): predictions from a hardware profile, kept apart from measurements. ----
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{1e3 * seconds:.{1 if seconds >= 0.01 else 3}f}"  # CPU ~100 ms, GPU < 1 ms
-
-
-def _ms_pair(row: dict[str, Any], part: str) -> str:
-    tokens = row["tokens"] or 1
-    return f"{_ms(row[f'measured_{part}'] / tokens)} / {_ms(row[f'modelled_{part}'] / tokens)}"
-
-
-def render_modelled(results: dict[str, Any], profile: Any, baseline: str, peer_profile: Any = None) -> str:
-    """Return the markdown section of modelled times: this run's decode counts priced with `profile`, the
-    transformers peers' with `peer_profile` when given (they run their own linear path)."""
-    from verispec.bench.peers import PEERS
-    from verispec.bench.variants import parse_method
-    from verispec.costmodel import KIND_MODELLED, cost_ratios, modelled_speedup
-
-    cfg = results["config"]
-    peers = [m for m in cfg["methods"] if m.split(":")[0] in PEERS]
-    rows = modelled_speedup(results["records"], profile, baseline,
-                            {m: peer_profile for m in peers} if peer_profile is not None else None)
-    alpha = {r["method"]: r.get("alpha") for r in results["aggregate"]}
-    for row in rows:  # the SD formula at each method's own γ and at the c, f of the profile that prices it
-        priced = peer_profile if peer_profile is not None and row["method"] in peers else profile
-        gamma = int(parse_method(row["method"], {row["method"].split(":")[0]}).overrides.get("gamma", cfg["gamma"]))
-        c, f = cost_ratios(priced, gamma) if {"target", "draft"} <= set(priced.models) else (None, None)
-        row["profile_theory"] = theoretical_speedup(alpha.get(row["method"]), gamma, c, f)
-    c, f = cost_ratios(profile, cfg["gamma"]) if {"target", "draft"} <= set(profile.models) else (None, None)
-    target = profile.models.get("target")
-    device = cfg.get("device", "cpu")
-    run = (cfg["dtype"], device, cfg.get("linear_backend", "torch") if device.startswith("cpu") else "torch")
-    # Only a profile measured on this machine and device can be checked against this run's measured times.
-    here = (profile.kind != KIND_MODELLED and target is not None and target.device == run[1]
-            and profile.machine.get("platform") == results["machine"].get("platform"))
-    accelerator = profile.kind == KIND_MODELLED or (target is not None and target.device != "cpu")
-    columns: list[Column] = [
-        ("method", lambda r: str(r["method"])),
-        ("measured speedup", lambda r: fmt(r["measured_speedup"], ".2f", "x")),
-        ("modelled ms/token", lambda r: _ms(r["modelled_seconds_per_token"])),
-        ("modelled speedup", lambda r: fmt(r["modelled_speedup"], ".2f", "x")),
-        ("theoretical speedup at profile c, f", lambda r: fmt(r["profile_theory"], ".2f", "x")),
-    ]
-    if here:
-        columns[1:1] = [("measured ms/token", lambda r: _ms(r["measured_seconds_per_token"]))]
-        columns += [("modelled / measured", lambda r: fmt(r["model_over_measured"], ".3f"))]
-        columns += [(f"{part} ms/token measured / modelled", lambda r, p=part: _ms_pair(r, p))
-                    for part in ("target", "draft", "verify", "other")]
-    title = ("Modelled (measured profile) vs measured" if here else "Modelled (accelerator profile)" if accelerator
-             else "Modelled (profile of another machine)")
-    lines = [f"## {title}", "",
-             f"**Modelled, not measured.** Profile: {profile.description}. Each decode's recorded counts (target "
-             "forwards with their token counts, draft forwards, rounds) are priced with the profile's forward costs "
-             "t(k), context slope and per-round overheads (verispec/costmodel.py)"
-             + (f"; c = {c:.3f}, f(γ+1) = {f:.2f}." if c is not None else ".")]
-    t1_run = one_token_target_seconds([r for r in results["records"] if r["method"] == baseline]) if here else None
-    if t1_run is not None:
-        t1_profile = target.forward_seconds(1, target.context)
-        lines.append(f"Machine speed: this run's own 1-token target forwards (`{baseline}`'s decode rounds) took "
-                     f"{_ms(t1_run)} ms on average, the profile's {_ms(t1_profile)} ms ({t1_run / t1_profile:.2f}x). "
-                     "A machine that runs slower or faster than when it was profiled moves every modelled / "
-                     "measured ratio below by about that factor.")
-    if here and (target.dtype, target.device, target.linear_backend) != run:
-        lines.append(f"Warning: the profile was measured with {target.dtype} on {target.device} (linear backend "
-                     f"{target.linear_backend}), the run used {run[0]} on {run[1]} (linear backend {run[2]}).")
-    if peers and peer_profile is not None:
-        peer_target = peer_profile.models.get("target")
-        lines.append(f"The transformers peers ({', '.join(peers)}) are priced with a second profile: "
-                     f"{peer_profile.description}.")
-        peer_run = cfg.get("peer_linear_backend", "torch") if device.startswith("cpu") else "torch"
-        if peer_target is not None and peer_target.linear_backend != peer_run:
-            lines.append(f"Warning: the peer profile's linear backend is {peer_target.linear_backend}, the peers "
-                         f"ran with {peer_run}.")
-    elif peers and here:
-        lines.append(f"The transformers peers ({', '.join(peers)}) ran with their own linears "
-                     f"({cfg.get('peer_linear_backend', 'torch')}) but are priced with this profile: pass a profile "
-                     f"of that path (`verispec report --peer-profile`) to model them.")
-    return "\n".join([*lines, "", format_table(rows, columns)])
