@@ -8,11 +8,13 @@ from verispec.models.default_pair import DEFAULT_PAIR, prepare
 from verispec.models.fastpath import apply_linear_backend, check_linear_backend
 from verispec.models.hf import HFCausalLM, load_pretrained
 
-# int8 weights with per-token int8 activations (verispec.models.quantized): 4x fewer weight bytes per token than
-# fp32, so a 1-token forward costs less than oneDNN's fp32 one while a few-token verify pass stays near one token's
-# cost (benchmarks/quantized_models.py; BENCHMARKS.md). "onednn" (packed fp32) and "torch" stay selectable; none
-# applies to other dtypes than float32/bfloat16 or off the CPU (float64 test models run transformers' linears).
-DEFAULT_LINEAR_BACKEND = "int8"
+# oneDNN with packed float weights: a few-token verify pass costs about one token's, and a position's logits do not
+# move with the rest of its block beyond float rounding, so greedy speculative decoding reproduces greedy `ar`.
+# "int8" (verispec.models.quantized) is faster (4x fewer weight bytes) but opt-in: dynamic activation quantization
+# turns the float rounding differences between block shapes into logit differences of a few hundredths, so greedy
+# `sd` can part from greedy `ar` at near-ties, and it shifts the target's NLL by about 0.045 nats (BENCHMARKS.md
+# §3). "torch" keeps transformers' own linears. None applies to dtypes other than float32/bfloat16 or off the CPU.
+DEFAULT_LINEAR_BACKEND = "onednn"
 
 DEFAULT = "default"
 
@@ -27,7 +29,7 @@ def load_model(
 ) -> HFCausalLM:
     """Return the model named by `spec` for `role` ("target" or "draft"); None or "default" is the embedded pair.
 
-    `linear_backend`: "int8" (default), "onednn" (CPU only, see verispec.models.fastpath) or "torch"
+    `linear_backend`: "onednn" (default), "int8" (CPU only, see verispec.models.fastpath) or "torch"
     (transformers as is).
     `draft_vocab`: N, to slice the output layer to the N most frequent tokens plus the special ones
     (`verispec.drafters.vocab`) before the weights are packed or quantized.
