@@ -3,7 +3,7 @@
 machine state. Prints, per method, the paired ratio of seconds per generated token (server / offline) with a 95%
 bootstrap interval over prompts, the server's time to first token and inter-token latency, and the sd / ar ratios.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/serve_overhead.py --prompts 6 --max-tokens 64 --out results/serve.json
+    PYTHONPATH=. .venv/bin/python benchmarks/serve_overhead.py --prompts 3 --max-tokens 64 --out results/serve.json
 """
 
 from __future__ import annotations
