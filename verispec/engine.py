@@ -81,7 +81,7 @@ class DecodeConfig:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if not isinstance(self.seed, int):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
-        check_drafter_settings(self, get_method(self.method))
+        check_drafter_settings(self, method)
 
     def relaxed_knobs(self) -> RelaxedKnobs:
         """Return the lossy rules' knobs (validated; ConfigError names a knob out of range)."""
@@ -157,6 +157,7 @@ class Engine:
         generator = torch.Generator().manual_seed(config.seed)
         trace = Trace(prefill_tokens=len(prompt_ids))
         decoder_is_draft = method.decoder == "draft"
+        knobs = config.relaxed_knobs() if method.relaxed else None  # validated once, read every round
         for model in (decoder, draft_model):
             if model is not None:
                 model.reset()
@@ -196,7 +197,7 @@ class Engine:
             if method.relaxed:  # the gates read the unprocessed target law p̃ (docs/algorithms.md §6.2)
                 p_gate = path_rows(torch.softmax(logits.to(torch.float64), dim=-1), tree)
                 single, leaks = relaxed_verify(method.name, block.as_tensor()[0], block.q[0], p[0], p_gate[0],
-                                               config.relaxed_knobs(), generator)
+                                               knobs, generator)
                 result = MultiPathResult(path=0, accepted=single.accepted, token=single.token)
             else:
                 result = verify_block(method, block, p, generator)
