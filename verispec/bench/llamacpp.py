@@ -9,7 +9,7 @@ verispec's methods.
   the target keeps a drafted token when its own sample (at T = 0 its argmax) equals it ("sample-and-match", lossless
   but accepting less at T > 0 than rejection sampling, `--spec-draft-sampling probabilistic`). Records say which.
 
-The binaries come from `make peers` (`verispec.bench.llamacpp_build`). One server per peer is started on first use
+The binaries come from `make peers` (`verispec.native.llamacpp_build`). One server per peer is started on first use
 and kept for the whole run (model loading is never timed), then stopped, also on errors and Ctrl-C.
 
 Each prompt is sent as the token ids verispec's tokenizer made (chat template included), so both sides decode the
@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verispec.bench import llamacpp_build
 from verispec.bench.peers import PeerGeneration
 from verispec.errors import ConfigError, VerispecError
+from verispec.native import llamacpp_build
 from verispec.sampling import SamplingConfig
 from verispec.trace import RoundTrace, Trace
 

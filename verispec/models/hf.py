@@ -148,9 +148,20 @@ class HFCausalLM:
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
+LLAMACPP_PREFIX = "llamacpp:"  # a model spec with this prefix runs in llama.cpp, not in torch
+
+
 def check_model_spec(name_or_path: str) -> None:
     """Raise ModelFilesError when `name_or_path` is a path with no model in it (a folder without config.json, a
-    plain file, a missing .gguf) or neither an existing path nor a hub id; cheap, so callers check before loading."""
+    plain file, a missing .gguf) or neither an existing path nor a hub id; cheap, so callers check before loading.
+    `llamacpp:GGUF` (or `llamacpp:default`) names a GGUF run by llama.cpp (`verispec.models.llamacpp`)."""
+    if name_or_path.startswith(LLAMACPP_PREFIX):
+        name_or_path = name_or_path.removeprefix(LLAMACPP_PREFIX)
+        if name_or_path in ("", "default"):
+            return
+        if not name_or_path.endswith(".gguf"):
+            raise ModelFilesError(f"llama.cpp runs GGUF files: {LLAMACPP_PREFIX}{name_or_path} names no .gguf file "
+                                  f"(use {LLAMACPP_PREFIX}default for the embedded model)")
     path = Path(name_or_path).expanduser()
     if path.suffix == ".gguf" and not path.is_file():
         raise ModelFilesError(f"GGUF file not found: {path}")

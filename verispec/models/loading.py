@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from verispec.errors import ConfigError
 from verispec.models.default_pair import DEFAULT_PAIR, prepare
 from verispec.models.fastpath import apply_linear_backend, check_linear_backend
-from verispec.models.hf import HFCausalLM, load_pretrained
+from verispec.models.hf import LLAMACPP_PREFIX, HFCausalLM, load_pretrained
+from verispec.models.protocol import CausalLM
 
 # oneDNN with packed float weights: a few-token verify pass costs about one token's, and a position's logits do not
 # move with the rest of its block beyond float rounding, so greedy speculative decoding reproduces greedy `ar`.
@@ -26,15 +28,24 @@ def load_model(
     device: str = "cpu",
     linear_backend: str = DEFAULT_LINEAR_BACKEND,
     draft_vocab: int | None = None,
-) -> HFCausalLM:
+) -> CausalLM:
     """Return the model named by `spec` for `role` ("target" or "draft"); None or "default" is the embedded pair.
 
+    `spec` "llamacpp:FILE.gguf" or "llamacpp:default": the GGUF run in-process by llama.cpp with its own kernels
+    (`verispec.models.llamacpp`; chain forwards only, no hidden states), whatever `linear_backend` and `dtype` say.
     `linear_backend`: "onednn" (default), "int8" (CPU only, see verispec.models.fastpath) or "torch"
     (transformers as is).
     `draft_vocab`: N, to slice the output layer to the N most frequent tokens plus the special ones
     (`verispec.drafters.vocab`) before the weights are packed or quantized.
     """
     check_linear_backend(linear_backend)  # before minutes of loading
+    if spec is not None and spec.startswith(LLAMACPP_PREFIX):
+        from verispec.models.llamacpp import load_llamacpp_model
+
+        if draft_vocab is not None:
+            raise ConfigError("draft_vocab slices a torch draft's output layer; a llama.cpp model computes every "
+                              "token's logit: drop --draft-vocab or the llamacpp: prefix")
+        return load_llamacpp_model(spec.removeprefix(LLAMACPP_PREFIX) or None, role)
     if spec is None or spec == DEFAULT:
         embedded = DEFAULT_PAIR[role]
         path, name = str(prepare(embedded)), embedded.upstream

