@@ -48,6 +48,7 @@ from typing import Any
 
 from verispec.bench.peers import PeerGeneration
 from verispec.errors import ConfigError, VerispecError
+from verispec.models.hf import LLAMACPP_PREFIX
 from verispec.native import llamacpp_build
 from verispec.sampling import SamplingConfig
 from verispec.trace import RoundTrace, Trace
@@ -79,7 +80,10 @@ def require_built() -> Path:
 
 
 def gguf_file(spec: str | None, role: str) -> Path:
-    """Return the GGUF file llama.cpp runs for `role`: the default pair's cached file, or `spec` when it is one."""
+    """Return the GGUF file llama.cpp runs for `role`: the default pair's cached file, or `spec` when it is one
+    (with or without the `llamacpp:` prefix of verispec's own llama.cpp backend)."""
+    if spec is not None:
+        spec = spec.removeprefix(LLAMACPP_PREFIX) or None
     if spec is None or spec == "default":
         from verispec.models.default_pair import DEFAULT_PAIR, gguf_path
 

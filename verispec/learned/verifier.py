@@ -28,6 +28,16 @@ FILE_FORMAT = "verispec-learned-verifier"
 FILE_VERSION = "1"
 REQUIRED_FIELDS = ("format", "version", "features", "threshold", "lam", "hidden_size", "draft_model", "metadata")
 MIN_LOG_PROB = 1e-12  # log q(x) is clamped here: a drafted token has q(x) > 0, but rounding can give 0
+# Verifiers shipped with the package, one per draft model, named after it ("/" -> "--"): each trained on the
+# Spec-Bench development split only (its training prompts' fingerprints are in its metadata; the bench refuses to
+# evaluate on them). `benchmarks/default_verifier.sh` rebuilds them.
+PACKAGED_DIR = Path(__file__).parent / "data"
+
+
+def packaged_verifier_path(draft_model: str) -> Path | None:
+    """Return the verifier file shipped for `draft_model` (a model name as `HFCausalLM.name` gives it), or None."""
+    path = PACKAGED_DIR / f"{draft_model.replace('/', '--')}.safetensors"
+    return path if path.is_file() else None
 
 
 def _sigmoid(logit: float) -> float:
