@@ -20,11 +20,11 @@ import numpy as np
 from verispec.api import Decoder
 from verispec.bench.datasets import BUILTIN_PROMPTS
 from verispec.bench.files import write_atomically
-from verispec.bench.metrics import bootstrap_ratio
 from verispec.engine import DecodeConfig
 from verispec.serve import create_app
 from verispec.serve.bench import ServeBenchConfig, stream_chat
 from verispec.serve.config import ServeConfig
+from verispec.stats import bootstrap_ratio
 
 
 def free_port() -> int:

@@ -30,7 +30,6 @@ import torch
 from verispec.api import Decoder
 from verispec.bench.datasets import Prompt, load_prompts
 from verispec.bench.files import check_writable, write_atomically
-from verispec.bench.metrics import bootstrap_ratio
 from verispec.bench.runner import git_state, machine_description, versions
 from verispec.bench.tables import with_ci
 from verispec.drafting import draft_paths
@@ -39,6 +38,7 @@ from verispec.errors import ConfigError
 from verispec.methods import get_method
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND
 from verispec.sampling import SamplingConfig, process_logits
+from verispec.stats import bootstrap_ratio
 
 SCHEMA = "verispec.fixed-blocks/1"
 DEFAULT_OUT = "results/fixed_blocks.json"

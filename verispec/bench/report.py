@@ -18,6 +18,7 @@ from verispec.bench.modelled import render_modelled
 from verispec.bench.sprinter_online import sprinter_online
 from verispec.bench.tables import Column, ci_cell, fmt, format_table, in_ms, with_ci
 from verispec.errors import ConfigError
+from verispec.stats import default_baseline
 
 # The full table of `verispec report`.
 FULL_COLUMNS: list[Column] = [
@@ -241,7 +242,7 @@ def render_markdown(results: dict[str, Any], profile: Any = None, peer_profile: 
     """Return the markdown report: settings, machine, the full table and what the columns mean; with a
     `costmodel.HardwareProfile`, also a separate section of modelled (not measured) times (`render_modelled`)."""
     cfg, machine = results["config"], results["machine"]
-    baseline = cfg.get("baseline") or ("ar" if "ar" in cfg["methods"] else cfg["methods"][0])
+    baseline = default_baseline(cfg["methods"], cfg.get("baseline"))
     n_prompts = len({r["prompt_index"] for r in results["records"]})
     category = f", categories {', '.join(cfg['category'])}" if cfg.get("category") else ""
     commit = (results.get("git_commit") or "unknown")[:12] + (" (dirty)" if results.get("git_dirty") else "")

@@ -45,6 +45,7 @@ from verispec.learned.collect import prompt_fingerprint
 from verispec.methods import METHODS
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND
 from verispec.sampling import SamplingConfig
+from verispec.stats import default_baseline
 from verispec.verify.relaxed import RelaxedKnobs
 
 SCHEMA = "verispec.bench/1"
@@ -102,7 +103,7 @@ class BenchConfig:
     @property
     def baseline_method(self) -> str:
         """Return the method speedups are measured against."""
-        return self.baseline or ("ar" if "ar" in self.methods else self.methods[0])
+        return default_baseline(self.methods, self.baseline)
 
     def variant(self, label: str) -> MethodVariant:
         """Return the parsed method variant `label` (e.g. "sd:gamma=2")."""
