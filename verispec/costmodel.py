@@ -120,7 +120,7 @@ class HardwareProfile:
     overheads: Overheads = field(default_factory=Overheads)
     kind: str = KIND_MEASURED  # KIND_MEASURED or KIND_MODELLED: reports label modelled profiles as such
     description: str = ""  # where and how it was obtained, for report headings
-    machine: dict[str, Any] = field(default_factory=dict)  # the machine it was measured on (runner.machine_description)
+    machine: dict[str, Any] = field(default_factory=dict)  # where it was measured (provenance.machine_description)
     sampling: dict[str, Any] | None = None  # the sampling settings the overheads were measured at
 
     def model(self, role: str) -> ModelCost:
