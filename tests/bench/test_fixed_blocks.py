@@ -128,7 +128,9 @@ def test_on_tiny_models_every_context_gets_every_configuration(tiny_results):
     for gamma in config.gammas:
         assert summary[f"bv:gamma={gamma}"]["vs_bv"] == pytest.approx(1.0)
         assert summary[f"sd:gamma={gamma}"]["vs_sd"] == pytest.approx(1.0)
-        assert summary[f"gbv:paths=2,gamma={gamma}"]["vs_bv"] is not None
+        gbv, bv = summary[f"gbv:paths=2,gamma={gamma}"], summary[f"bv:gamma={gamma}"]
+        # Both ran on the same contexts, so the paired ratio is the ratio of their block efficiencies.
+        assert gbv["vs_bv"] == pytest.approx(gbv["block_efficiency"] / bv["block_efficiency"])
     table = render_fixed_blocks(results)
     assert "| gbv | 3 | 4 |" in table and "vs bv, same γ" in table
 

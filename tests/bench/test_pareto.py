@@ -173,12 +173,17 @@ def test_fronts_one_per_axis_with_tables(tmp_path):
         write_fronts([("", {**results, "aggregate": [{"method": "ar", "speedup": 1.0}]})], tmp_path)
 
 
-def test_cli_fronts_and_sweep(tmp_path, capsys):
-    from verispec.cli import build_parser
+def test_cli_fronts_and_sweep(tmp_path, capsys, monkeypatch):
+    from verispec.bench.pareto import REFERENCES, SWEEPS
 
     path = tmp_path / "results.json"
     path.write_text(json.dumps(_results()))
     assert main(["pareto", str(path), "--fronts", str(tmp_path / "fronts")]) == 0
     assert (tmp_path / "fronts" / "fronts.md").read_text().startswith("## Speed against quality")
-    args = build_parser().parse_args(["bench", "--sweep", "margin", "fuzzy"])
-    assert args.sweep == ["margin", "fuzzy"]
+    benched = []
+    monkeypatch.setattr("verispec.bench.runner.run_bench",
+                        lambda config, out, **kw: benched.append(config) or {"records": [], "aggregate": []})
+    assert main(["bench", "--sweep", "margin", "fuzzy", "--out", str(tmp_path / "sweep.json")]) == 0
+    assert benched[0].methods == [*REFERENCES, *SWEEPS["margin"][1:], *SWEEPS["fuzzy"][1:]]
+    assert main(["bench", "--sweep", "nope", "--out", str(tmp_path / "nope.json")]) == 2
+    assert "no sweep for nope" in capsys.readouterr().err
