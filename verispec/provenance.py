@@ -2,7 +2,8 @@
 
 Every results file that holds timings records these (bench runs, fixed-block runs, hardware profiles, the serve
 bench), under the same keys: `machine` (`machine_description`), `versions` (`versions`), `git_commit` and
-`git_dirty` (`git_state`); `provenance(device)` returns all four.
+`git_dirty` (`git_state`); `provenance(device)` returns all four. The llama.cpp build records `cpu_description`, the
+features its native build targets.
 """
 
 from __future__ import annotations
