@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 import pytest
 
+from tests.bench.results_dicts import results_dict
 from verispec.bench.metrics import summarize
 from verispec.bench.pareto import Point, pareto_front, pareto_points, plot_pareto
 from verispec.bench.report import QUALITY_COLUMNS, write_report
@@ -48,10 +48,7 @@ def _results(sd_seconds=0.5, sd_rouge=1.0):
         _record("sd", i, sd_seconds + 0.02 * i, 3, 2, 2.0 + 0.1 * i, sd_rouge - 0.05 * i, 0.5),
         _record("draft", i, 0.3, 0, 0, 3.0 + 0.2 * i, 0.4 + 0.02 * i))]
     config = BenchConfig(methods=["ar", "sd", "draft"], gamma=3)
-    return {"schema": "verispec.bench/1", "config": asdict(config), "started": "2026-01-01T00:00:00",
-            "machine": {"platform": "TestOS", "processor": "x86_64", "cpu_threads": 2, "torch": "2",
-                        "transformers": "5"},
-            "aggregate": summarize(records, config.methods, "ar", config.gamma, 300, 0), "records": records}
+    return results_dict(config, records, 300)
 
 
 def test_points_carry_both_intervals_and_plot_is_a_png(tmp_path):
