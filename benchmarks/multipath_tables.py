@@ -24,6 +24,7 @@ from typing import Any
 
 from verispec.bench.metrics import alpha_estimate, efficiency, target_calls_and_tokens
 from verispec.bench.tables import fmt, in_ms, with_ci
+from verispec.stats import speedup_of_totals
 
 RESAMPLES, SEED = 2000, 0
 
@@ -161,9 +162,9 @@ def divergence_lines(records: list[dict[str, Any]], methods: list[str]) -> list[
         ratios, parted, bv_ahead, sd_ahead = [], [], 0, 0
         for index in prompts:
             mine, base = by_prompt[bv, index], by_prompt[sd, index]
-            calls, tokens = target_calls_and_tokens(mine["trace"])
-            base_calls, base_tokens = target_calls_and_tokens(base["trace"])
-            ratios.append((tokens / calls) / (base_tokens / base_calls))
+            # BV/SD block efficiency of this prompt: the paired ratio of tokens per target call
+            ratios.append(speedup_of_totals([target_calls_and_tokens(base["trace"])],
+                                            [target_calls_and_tokens(mine["trace"])]))
             where = first_different_round(mine, base)
             if where is None:
                 continue

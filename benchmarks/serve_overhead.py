@@ -20,11 +20,12 @@ import numpy as np
 from verispec.api import Decoder
 from verispec.bench.datasets import BUILTIN_PROMPTS
 from verispec.bench.files import write_atomically
-from verispec.bench.metrics import bootstrap_ratio
 from verispec.engine import DecodeConfig
+from verispec.provenance import provenance
 from verispec.serve import create_app
 from verispec.serve.bench import ServeBenchConfig, stream_chat
 from verispec.serve.config import ServeConfig
+from verispec.stats import bootstrap_ratio
 
 
 def free_port() -> int:
@@ -101,7 +102,7 @@ def main() -> None:
         }
     print(json.dumps(summary, indent=2))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(Path(args.out), json.dumps({"records": records, "summary": summary}, indent=2))
+    write_atomically(Path(args.out), json.dumps({**provenance(), "records": records, "summary": summary}, indent=2))
 
 
 if __name__ == "__main__":

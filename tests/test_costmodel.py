@@ -7,6 +7,7 @@ from dataclasses import asdict
 
 import pytest
 
+from tests.bench.results_dicts import results_dict
 from verispec.bench.metrics import alpha_estimate, one_token_target_seconds, summarize, theoretical_speedup
 from verispec.bench.report import write_report
 from verispec.bench.runner import BenchConfig
@@ -200,12 +201,7 @@ def test_modelled_speedup_on_a_memory_bound_profile_equals_the_speedup_formula(b
 
 def _results_file(tmp_path, records):
     config = BenchConfig(methods=["ar", "sd"], gamma=3, linear_backend="torch")
-    results = {
-        "schema": "verispec.bench/1", "config": asdict(config), "started": "2026-01-01T00:00:00",
-        "machine": {"platform": "TestOS", "processor": "x86_64", "cpu_threads": 2, "torch": "2", "transformers": "5"},
-        "git_commit": "0123456789abcdef", "git_dirty": False,
-        "aggregate": summarize(records, config.methods, "ar", config.gamma, 100, 0), "records": records,
-    }
+    results = results_dict(config, records, 100)
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results))
     return path

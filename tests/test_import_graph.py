@@ -118,7 +118,7 @@ def test_the_package_has_no_import_cycle(include_deferred):
 
 
 def test_the_check_sees_a_cycle_through_a_deferred_import_and_a_package(tmp_path):
-    """A planted cycle like the one that once tied the API to the learned verifier: `api` defers an import of
+    """A planted cycle through a deferred import and a package: `api` defers an import of
     `learned.verifier` (which runs `learned/__init__`), and `learned.collect` defers one of `api`."""
     root = tmp_path / "pkg"
     (root / "learned").mkdir(parents=True)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from verispec.errors import ConfigError
+from verispec.stats import default_baseline, speedup_of_totals
 
 SCHEMA = "verispec.profile/1"
 KIND_MEASURED = "measured"  # timed on a machine by `verispec profile`
@@ -119,7 +120,7 @@ class HardwareProfile:
     overheads: Overheads = field(default_factory=Overheads)
     kind: str = KIND_MEASURED  # KIND_MEASURED or KIND_MODELLED: reports label modelled profiles as such
     description: str = ""  # where and how it was obtained, for report headings
-    machine: dict[str, Any] = field(default_factory=dict)  # the machine it was measured on (runner.machine_description)
+    machine: dict[str, Any] = field(default_factory=dict)  # where it was measured (provenance.machine_description)
     sampling: dict[str, Any] | None = None  # the sampling settings the overheads were measured at
 
     def model(self, role: str) -> ModelCost:
@@ -316,9 +317,8 @@ def _paired_speedup(records: list[dict[str, Any]], baseline: str, method: str, s
     base = {r["prompt_index"]: r for r in records if r["method"] == baseline}
     mine = {r["prompt_index"]: r for r in records if r["method"] == method}
     shared = sorted(set(base) & set(mine))
-    b_sec, m_sec = sum(seconds(base[i]) for i in shared), sum(seconds(mine[i]) for i in shared)
-    b_tok, m_tok = (sum(d[i]["trace"]["generated"] for i in shared) for d in (base, mine))
-    return (b_sec / b_tok) / (m_sec / m_tok) if b_tok and m_tok and b_sec and m_sec else None
+    return speedup_of_totals([(seconds(base[i]), base[i]["trace"]["generated"]) for i in shared],
+                             [(seconds(mine[i]), mine[i]["trace"]["generated"]) for i in shared])
 
 
 def modelled_speedup(
@@ -334,7 +334,7 @@ def modelled_speedup(
     measured_speedup, modelled_speedup, and the measured and modelled target/draft/verify/other seconds.
     """
     methods = list(dict.fromkeys(r["method"] for r in records))
-    baseline = baseline or ("ar" if "ar" in methods else methods[0])
+    baseline = default_baseline(methods, baseline)
     priced = {m: (method_profiles or {}).get(m, profile) for m in methods}
     rows = []
     for method in methods:

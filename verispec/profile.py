@@ -41,6 +41,7 @@ from verispec.errors import ConfigError, ModelFilesError
 from verispec.models.fastpath import LINEAR_BACKENDS, apply_linear_backend
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND
 from verispec.models.protocol import CausalLM
+from verispec.provenance import machine_description
 from verispec.sampling import SamplingConfig, process_logits, sample
 
 DEFAULT_KS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
@@ -260,8 +261,6 @@ def measure_profile(
     `load_model` (or, with `random_weights`, `random_like`) turns into one, with `linear_backend` applied. A target
     is timed with a logits row per new token (a verification pass), a draft with one (a drafting step).
     """
-    from verispec.bench.runner import machine_description
-
     if role not in ("target", "draft"):
         raise ConfigError(f"role must be 'target' or 'draft', got {role!r}")
     sampling = sampling or SamplingConfig()

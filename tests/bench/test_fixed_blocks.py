@@ -128,7 +128,9 @@ def test_on_tiny_models_every_context_gets_every_configuration(tiny_results):
     for gamma in config.gammas:
         assert summary[f"bv:gamma={gamma}"]["vs_bv"] == pytest.approx(1.0)
         assert summary[f"sd:gamma={gamma}"]["vs_sd"] == pytest.approx(1.0)
-        assert summary[f"gbv:paths=2,gamma={gamma}"]["vs_bv"] is not None
+        gbv, bv = summary[f"gbv:paths=2,gamma={gamma}"], summary[f"bv:gamma={gamma}"]
+        # Both ran on the same contexts, so the paired ratio is the ratio of their block efficiencies.
+        assert gbv["vs_bv"] == pytest.approx(gbv["block_efficiency"] / bv["block_efficiency"])
     table = render_fixed_blocks(results)
     assert "| gbv | 3 | 4 |" in table and "vs bv, same γ" in table
 
@@ -149,8 +151,12 @@ def test_greedy_every_lossless_verifier_accepts_the_same(tiny_pair, one_thread):
 def test_cli_defaults_are_the_configs_and_bad_input_is_one_line(capsys):
     args = build_parser().parse_args(["fixed-blocks"])
     assert {f.name: getattr(args, f.name) for f in fields(FixedBlocksConfig)} == asdict(FixedBlocksConfig())
-    args = build_parser().parse_args(["fixed-blocks", "--methods", "bv", "gbv", "--gammas", "4", "--paths", "2",
-                                      "--draws", "8", "--temperature", "0.6"])
-    assert (args.methods, args.gammas, args.paths, args.draws, args.temperature) == (["bv", "gbv"], [4], [2], 8, 0.6)
+    args = build_parser().parse_args(["fixed-blocks", "--methods", "bv", "gbv", "sd", "--gammas", "2", "4",
+                                      "--paths", "2", "3", "--draws", "6", "--temperature", "0.6"])
+    config = FixedBlocksConfig(**{f.name: getattr(args, f.name) for f in fields(FixedBlocksConfig)})
+    assert config.temperature == 0.6 and config.draws == 6
+    assert [label for label, *_ in config.labels()] == [  # single-path methods once per γ, GBV per (K, γ)
+        "bv:gamma=2", "gbv:paths=2,gamma=2", "gbv:paths=3,gamma=2", "sd:gamma=2",
+        "bv:gamma=4", "gbv:paths=2,gamma=4", "gbv:paths=3,gamma=4", "sd:gamma=4"]
     assert main(["fixed-blocks", "--draws", "5"]) == 2
     assert "multiple of every K" in capsys.readouterr().err

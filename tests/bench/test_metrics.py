@@ -6,8 +6,6 @@ import pytest
 
 from verispec.bench.metrics import (
     alpha_estimate,
-    bootstrap_ratio,
-    bootstrap_speedup,
     decode_rounds,
     decode_split,
     efficiency,
@@ -100,17 +98,6 @@ def test_speedup_is_a_ratio_of_totals_and_constant_ratios_give_a_point_interval(
     assert sd["same_tokens_as_baseline"] == 1.0
 
 
-def test_bootstrap_interval_is_seeded_and_brackets_the_spread():
-    base = [(1.0, 10)] * 6
-    mine = [(0.5, 10), (0.25, 10), (1.0, 10), (0.5, 10), (0.4, 10), (0.8, 10)]  # per-prompt speedups 4 ... 1
-    lo, hi = bootstrap_speedup(base, mine, resamples=4000, seed=3)
-    point = 6.0 / sum(s for s, _ in mine)
-    assert 1.0 < lo < point < hi < 4.0
-    assert bootstrap_speedup(base, mine, 4000, 3) == (lo, hi)
-    assert bootstrap_speedup(base, mine, 4000, 4) != (lo, hi)
-    assert bootstrap_speedup(base[:1], mine[:1], 4000, 3) is None
-
-
 def test_speedup_uses_only_prompts_both_methods_decoded():
     records = _pair(0, 1.0, 0.5) + _pair(1, 1.0, 0.25)[:1]  # sd missing on prompt 1
     sd = summarize(records, ["ar", "sd"])[1]
@@ -179,10 +166,3 @@ def test_efficiency_gives_block_efficiency_and_time_per_token_with_intervals():
     assert gbv["other_seconds_per_token"] == pytest.approx((8.0 - 4 * 1.8) / 42)
     assert gbv["tokens_per_target_pass"] == pytest.approx((3 * 5 + 6) / 4)  # the one decode round a prompt
     assert "block_efficiency_vs" not in efficiency(records, ["bv"])[0]
-
-
-def test_bootstrap_ratio_is_seeded_and_needs_two_prompts():
-    pairs = [(1.0, 10), (3.0, 10), (2.0, 10)]
-    lo, hi = bootstrap_ratio(pairs, 2000, 0)
-    assert 0.1 <= lo < 0.2 < hi <= 0.3 and bootstrap_ratio(pairs, 2000, 0) == (lo, hi)
-    assert bootstrap_ratio(pairs[:1], 2000, 0) is None

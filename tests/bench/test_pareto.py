@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 import pytest
 
+from tests.bench.results_dicts import results_dict
 from verispec.bench.metrics import summarize
 from verispec.bench.pareto import Point, pareto_front, pareto_points, plot_pareto
 from verispec.bench.report import QUALITY_COLUMNS, write_report
@@ -48,10 +48,7 @@ def _results(sd_seconds=0.5, sd_rouge=1.0):
         _record("sd", i, sd_seconds + 0.02 * i, 3, 2, 2.0 + 0.1 * i, sd_rouge - 0.05 * i, 0.5),
         _record("draft", i, 0.3, 0, 0, 3.0 + 0.2 * i, 0.4 + 0.02 * i))]
     config = BenchConfig(methods=["ar", "sd", "draft"], gamma=3)
-    return {"schema": "verispec.bench/1", "config": asdict(config), "started": "2026-01-01T00:00:00",
-            "machine": {"platform": "TestOS", "processor": "x86_64", "cpu_threads": 2, "torch": "2",
-                        "transformers": "5"},
-            "aggregate": summarize(records, config.methods, "ar", config.gamma, 300, 0), "records": records}
+    return results_dict(config, records, 300)
 
 
 def test_points_carry_both_intervals_and_plot_is_a_png(tmp_path):
@@ -173,12 +170,17 @@ def test_fronts_one_per_axis_with_tables(tmp_path):
         write_fronts([("", {**results, "aggregate": [{"method": "ar", "speedup": 1.0}]})], tmp_path)
 
 
-def test_cli_fronts_and_sweep(tmp_path, capsys):
-    from verispec.cli import build_parser
+def test_cli_fronts_and_sweep(tmp_path, capsys, monkeypatch):
+    from verispec.bench.pareto import REFERENCES, SWEEPS
 
     path = tmp_path / "results.json"
     path.write_text(json.dumps(_results()))
     assert main(["pareto", str(path), "--fronts", str(tmp_path / "fronts")]) == 0
     assert (tmp_path / "fronts" / "fronts.md").read_text().startswith("## Speed against quality")
-    args = build_parser().parse_args(["bench", "--sweep", "margin", "fuzzy"])
-    assert args.sweep == ["margin", "fuzzy"]
+    benched = []
+    monkeypatch.setattr("verispec.bench.runner.run_bench",
+                        lambda config, out, **kw: benched.append(config) or {"records": [], "aggregate": []})
+    assert main(["bench", "--sweep", "margin", "fuzzy", "--out", str(tmp_path / "sweep.json")]) == 0
+    assert benched[0].methods == [*REFERENCES, *SWEEPS["margin"][1:], *SWEEPS["fuzzy"][1:]]
+    assert main(["bench", "--sweep", "nope", "--out", str(tmp_path / "nope.json")]) == 2
+    assert "no sweep for nope" in capsys.readouterr().err

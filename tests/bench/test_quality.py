@@ -14,7 +14,6 @@ from verispec import Decoder
 from verispec.bench.datasets import Prompt, load_prompts
 from verispec.bench.flops import model_cost, trace_flops
 from verispec.bench.quality import (
-    bootstrap_ratio,
     lcs_length,
     perplexity,
     quality_records,
@@ -81,14 +80,6 @@ def test_rouge_l_hand_worked():
     # Words: LCS "the cat on the mat" = 5, P = 5/6, R = 1, F1 = 10/11.
     assert rouge_l("the cat sat on the mat", "the  cat on the\nmat") == pytest.approx(10 / 11)
     assert rouge_l("", "") == 1.0 and rouge_l("a", "") == 0.0 and rouge_l([], [1]) == 0.0
-
-
-def test_bootstrap_ratio_interval():
-    assert bootstrap_ratio([1.0], [1.0], 100, 0) is None
-    assert bootstrap_ratio([2.0, 2.0, 2.0], [1.0, 1.0, 1.0], 100, 0) == (2.0, 2.0)
-    lo, hi = bootstrap_ratio([1.0, 2.0, 3.0, 10.0], [1.0, 1.0, 1.0, 1.0], 500, 0)
-    assert 1.0 <= lo < 4.0 < hi <= 10.0
-    assert bootstrap_ratio([1.0, 2.0, 3.0, 10.0], [1.0] * 4, 500, 0) == (lo, hi)  # seeded: reproducible
 
 
 def test_summarize_quality_ratio_of_sums_and_counts():

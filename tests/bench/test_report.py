@@ -7,6 +7,7 @@ from dataclasses import asdict
 
 import pytest
 
+from tests.bench.results_dicts import results_dict
 from verispec.bench.metrics import summarize
 from verispec.bench.report import FULL_COLUMNS, format_table, full_columns, write_report
 from verispec.bench.runner import BenchConfig
@@ -28,12 +29,7 @@ def _record(method, index, seconds, drafted=0, accepted=0, tokens=8):
 def results_file(tmp_path):
     records = [r for i in range(4) for r in (_record("ar", i, 1.0 + 0.1 * i), _record("sd", i, 0.5, 4, 3))]
     config = BenchConfig(methods=["ar", "sd"], gamma=4)
-    results = {
-        "schema": "verispec.bench/1", "config": asdict(config), "started": "2026-01-01T00:00:00",
-        "machine": {"platform": "TestOS", "processor": "x86_64", "cpu_threads": 2, "torch": "2", "transformers": "5"},
-        "git_commit": "0123456789abcdef", "git_dirty": False,
-        "aggregate": summarize(records, config.methods, "ar", config.gamma, 500, 0), "records": records,
-    }
+    results = results_dict(config, records, 500)
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results))
     return path, results

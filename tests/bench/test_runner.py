@@ -110,13 +110,18 @@ def test_baseline_defaults_to_ar_else_first():
     assert BenchConfig(methods=["sd", "hf-assisted"]).baseline_method == "sd"
 
 
-def test_cli_bench_defaults_come_from_the_dataclass():
+def test_cli_bench_defaults_come_from_the_dataclass_and_options_reach_the_run(tmp_path, monkeypatch, capsys):
     args = build_parser().parse_args(["bench"])
     assert BenchConfig(**{f.name: getattr(args, f.name) for f in fields(BenchConfig)}) == BenchConfig()
-    args = build_parser().parse_args(["bench", "--prompts", "mt-bench", "--category", "coding", "math", "--limit",
-                                      "5", "--subset-seed", "3", "--no-chat-template", "--methods", "ar", "sd"])
-    assert (args.category, args.limit, args.subset_seed, args.chat_template, args.methods) == (
-        ["coding", "math"], 5, 3, False, ["ar", "sd"])
+    benched = []
+    monkeypatch.setattr("verispec.bench.runner.run_bench",
+                        lambda config, out, **kw: benched.append((config, out)) or {"records": [], "aggregate": []})
+    out = str(tmp_path / "r.json")
+    assert main(["bench", "--prompts", "mt-bench", "--category", "coding", "math", "--limit", "5", "--subset-seed",
+                 "3", "--no-chat-template", "--methods", "sd", "ar", "--baseline", "sd", "--out", out]) == 0
+    assert benched == [(BenchConfig(prompts="mt-bench", category=["coding", "math"], limit=5, subset_seed=3,
+                                    chat_template=False, methods=["sd", "ar"], baseline="sd"), out)]
+    assert "baseline sd" in capsys.readouterr().out
 
 
 def test_cli_bench_user_errors_exit_2(capsys):

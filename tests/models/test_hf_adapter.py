@@ -52,11 +52,18 @@ def test_truncate_beyond_the_cache_is_a_no_op():
     assert model.cache_length == 3
 
 
-def test_hidden_states_have_the_hidden_size():
+def test_hidden_states_are_the_last_layers_at_the_kept_positions():
     model = tiny_model()
-    out = model.forward([4, 5, 6], n_logits=2, return_hidden=True)
-    assert out.logits.shape == (2, model.vocab_size)
+    model.forward([4, 5])
+    out = model.forward([6, 7, 8], n_logits=2, return_hidden=True)  # continues the cache
+    with torch.no_grad():
+        full = model.model(input_ids=torch.tensor([[4, 5, 6, 7, 8]]), output_hidden_states=True)
     assert out.hidden.shape == (2, model.model.config.hidden_size)
+    torch.testing.assert_close(out.hidden, full.hidden_states[-1][0, -2:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.logits, full.logits[0, -2:], atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # and they are what the output layer reads
+        head = model.model.get_output_embeddings()(out.hidden)
+    torch.testing.assert_close(out.logits, head, atol=1e-5, rtol=1e-5)
 
 
 def test_tabular_model_rollback_and_logits():

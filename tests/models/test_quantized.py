@@ -84,10 +84,12 @@ def test_activations_use_7_bits_where_the_kernel_would_saturate(isa, needed):
     assert (abs(int(full) - 512) > 100) == needed  # and the full range is wrong exactly where the probe says so
 
 
-def test_bfloat16_inputs_come_back_in_bfloat16():
-    layer = QuantizedLinear(torch.randn(8, 4), None)
-    assert layer(torch.randn(2, 3, 4, dtype=torch.bfloat16)).shape == (2, 3, 8)
-    assert layer(torch.randn(3, 4, dtype=torch.bfloat16)).dtype == torch.bfloat16
+def test_bfloat16_inputs_are_computed_in_float32_and_come_back_in_bfloat16():
+    layer = QuantizedLinear(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)), None)
+    x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    out = layer(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 3, 8)
+    assert torch.equal(out, layer(x.float()).to(torch.bfloat16))  # the same fp32 result, rounded once
 
 
 @pytest.mark.parametrize("per_token", [True, False])

@@ -13,7 +13,8 @@ from typing import Any
 from verispec.models.fastpath import LINEAR_BACKENDS
 
 
-def _optional_int(text: str) -> int | None:
+def optional_int(text: str) -> int | None:
+    """Parse an int option that also takes "none"."""
     return None if text.lower() == "none" else int(text)
 
 
@@ -120,26 +121,33 @@ def cmd_archive(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_prompt_options(g: argparse._ArgumentGroup, d: Any) -> None:
+def add_prompt_options(g: argparse._ArgumentGroup, d: Any) -> None:
     """Add the prompt selection options, defaults read from the config `d` (BenchConfig, FixedBlocksConfig)."""
     g.add_argument("--prompts", default=d.prompts,
                    help="builtin | mt-bench | humaneval | spec-bench:PATH | a .jsonl (Spec-Bench or plain) or "
                         ".txt file (default: %(default)s)")
     g.add_argument("--category", nargs="+", default=d.category, help="keep only these categories (default: all)")
-    g.add_argument("--limit", type=_optional_int, default=d.limit,
+    g.add_argument("--limit", type=optional_int, default=d.limit,
                    help="number of prompts (default: %(default)s = all)")
     g.add_argument("--offset", type=int, default=d.offset, help="skip this many prompts first (default: %(default)s)")
-    g.add_argument("--subset-seed", type=_optional_int, default=d.subset_seed,
+    g.add_argument("--subset-seed", type=optional_int, default=d.subset_seed,
                    help="shuffle prompts with this seed before offset/limit (default: %(default)s = file order)")
 
 
-def _add_sampling_options(g: argparse._ArgumentGroup, d: Any) -> None:
+def add_sampling_options(g: argparse._ArgumentGroup, d: Any) -> None:
     """Add the sampling options and --no-chat-template, defaults read from the config `d`."""
     g.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy (default: %(default)s)")
     g.add_argument("--top-k", type=int, default=d.top_k, help="0 = off (default: %(default)s)")
     g.add_argument("--top-p", type=float, default=d.top_p, help="1 = off (default: %(default)s)")
     g.add_argument("--no-chat-template", dest="chat_template", action="store_false", default=d.chat_template,
                    help="feed prompts as raw text")
+
+
+def add_bootstrap_options(g: argparse._ArgumentGroup, d: Any) -> None:
+    """Add the options of the 95% intervals' bootstrap (`verispec.stats`), defaults read from the config `d`."""
+    g.add_argument("--bootstrap-resamples", type=int, default=d.bootstrap_resamples,
+                   help="resamples of the prompts for the 95%% intervals (default: %(default)s)")
+    g.add_argument("--bootstrap-seed", type=int, default=d.bootstrap_seed, help="(default: %(default)s)")
 
 
 def _add_model_options(g: argparse._ArgumentGroup, d: Any) -> None:
@@ -176,7 +184,7 @@ def _register_fixed_blocks(sub: argparse._SubParsersAction) -> None:
     d = FixedBlocksConfig()
     p = sub.add_parser("fixed-blocks", help="compare verifiers' exact expected accepted tokens on the same drafted "
                                             "blocks (paired, no decoding noise): results JSON and markdown table")
-    _add_prompt_options(p.add_argument_group("prompts"), d)
+    add_prompt_options(p.add_argument_group("prompts"), d)
     g = p.add_argument_group("verifiers and blocks")
     g.add_argument("--methods", nargs="+", default=d.methods,
                    help="lossless speculative verifiers to compare (default: %(default)s)")
@@ -189,12 +197,11 @@ def _register_fixed_blocks(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--contexts", type=int, default=d.contexts, help="contexts per prompt (default: %(default)s)")
     g.add_argument("--stride", type=int, default=d.stride,
                    help="tokens between contexts along the target's continuation (default: %(default)s)")
-    _add_sampling_options(g, d)
+    add_sampling_options(g, d)
     g.add_argument("--seed", type=int, default=d.seed, help="prompt i: trajectory seed + i (default: %(default)s)")
     _add_model_options(p.add_argument_group("models"), d)
     g = p.add_argument_group("output")
-    g.add_argument("--bootstrap-resamples", type=int, default=d.bootstrap_resamples, help="(default: %(default)s)")
-    g.add_argument("--bootstrap-seed", type=int, default=d.bootstrap_seed, help="(default: %(default)s)")
+    add_bootstrap_options(g, d)
     g.add_argument("--out", default=DEFAULT_OUT, help="results JSON; the table goes next to it as .md "
                                                       "(default: %(default)s)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -210,7 +217,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     d = BenchConfig()  # the defaults, read once
     p = sub.add_parser("bench", help="benchmark methods and peers on a prompt set: results JSON, table, report")
-    _add_prompt_options(p.add_argument_group("prompts"), d)
+    add_prompt_options(p.add_argument_group("prompts"), d)
     g = p.add_argument_group("methods")
     g.add_argument("--methods", nargs="+", default=d.methods,
                    help=f"run in this order on each prompt; from {', '.join([*METHODS, *PEERS, *LLAMACPP_PEERS])} "
@@ -219,7 +226,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--baseline", default=d.baseline, help="speedups are against it (default: ar if run, else first)")
     g.add_argument("--compare-to", default=d.compare_to, help="also report speedups against this method (e.g. sd)")
     g.add_argument("--gamma", type=int, default=d.gamma, help="draft tokens per round (default: %(default)s)")
-    _add_sampling_options(g, d)
+    add_sampling_options(g, d)
     g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="(default: %(default)s)")
     g.add_argument("--seed", type=int, default=d.seed, help="prompt i is decoded with seed + i (default: %(default)s)")
     g = p.add_argument_group("models")
@@ -230,9 +237,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("measurement and output")
     g.add_argument("--warmup-tokens", type=int, default=d.warmup_tokens,
                    help="tokens of the excluded warm-up decode per method (default: %(default)s)")
-    g.add_argument("--bootstrap-resamples", type=int, default=d.bootstrap_resamples,
-                   help="resamples for the speedup's 95%% interval (default: %(default)s)")
-    g.add_argument("--bootstrap-seed", type=int, default=d.bootstrap_seed, help="(default: %(default)s)")
+    add_bootstrap_options(g, d)
     g.add_argument("--out", default=DEFAULT_OUT, help="results JSON (default: %(default)s)")
     g.add_argument("--quality", action="store_true", default=d.quality,
                    help="after the timed runs, score every output: target NLL / perplexity, ROUGE-L vs the ar output "

@@ -13,8 +13,9 @@ from typing import Any
 from verispec.api import Decoder
 from verispec.bench.datasets import BUILTIN_PROMPTS, Prompt
 from verispec.bench.metrics import summarize
-from verispec.bench.runner import BenchConfig, machine_description, run_bench
+from verispec.bench.runner import BenchConfig, run_bench
 from verispec.bench.tables import format_table
+from verispec.provenance import machine_description
 
 __all__ = ["BUILTIN_PROMPTS", "CompareConfig", "format_table", "machine_description", "run_compare", "summarize"]
 

@@ -30,15 +30,15 @@ import torch
 from verispec.api import Decoder
 from verispec.bench.datasets import Prompt, load_prompts
 from verispec.bench.files import check_writable, write_atomically
-from verispec.bench.metrics import bootstrap_ratio
-from verispec.bench.runner import git_state, machine_description, versions
 from verispec.bench.tables import with_ci
 from verispec.drafting import draft_paths
 from verispec.engine import path_rows, tree_pass
 from verispec.errors import ConfigError
 from verispec.methods import get_method
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND
+from verispec.provenance import provenance
 from verispec.sampling import SamplingConfig, process_logits
+from verispec.stats import bootstrap_ratio
 
 SCHEMA = "verispec.fixed-blocks/1"
 DEFAULT_OUT = "results/fixed_blocks.json"
@@ -178,14 +178,13 @@ def run_fixed_blocks(
                           linear_backend=config.linear_backend, draft_dtype=config.draft_dtype)
     target, draft = decoder.model("target"), decoder.model("draft")
     eos = frozenset(decoder.eos_token_ids("target"))
-    commit, dirty = git_state()
+    origin = provenance(config.device)
     started, start = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter()
     contexts: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
 
     def result() -> dict[str, Any]:
-        return {"schema": SCHEMA, "config": asdict(config), "machine": machine_description(config.device),
-                "versions": versions(), "git_commit": commit, "git_dirty": dirty, "started": started,
+        return {"schema": SCHEMA, "config": asdict(config), **origin, "started": started,
                 "wall_seconds": time.perf_counter() - start, "contexts": contexts, "rows": rows,
                 "summary": summarize_fixed_blocks(rows, config)}
 

@@ -3,10 +3,9 @@
 Per method (notation of docs/algorithms.md §3.4; p = target, q = draft):
 
 * wall time per generated token = Σ time_total / Σ generated over the prompts (token-weighted);
-* speedup vs the baseline = (baseline seconds per token) / (method seconds per token), same prompts. Its 95%
-  interval is a percentile bootstrap over prompts: prompts are resampled with replacement (the baseline's and the
-  method's decode of a prompt stay paired), the ratio of totals is recomputed per resample, and the 2.5% / 97.5%
-  quantiles are reported; the resampling uses `numpy.random.default_rng(seed)`, so intervals are reproducible;
+* speedup vs the baseline = (baseline seconds per token) / (method seconds per token), same prompts, with its 95%
+  percentile-bootstrap interval over prompts (the baseline's and the method's decode of a prompt stay paired);
+  the estimator, the bootstrap and the default baseline are `verispec.stats`'s;
 * block efficiency = generated tokens / target calls (tokens per target call, E[N] when every call is a round).
   `efficiency` gives it and the wall time per token with 95% intervals (the same bootstrap over prompts, of the
   ratio of totals), and, against a comparison method, the paired ratio of block efficiencies with its interval;
@@ -47,12 +46,12 @@ from collections.abc import Callable, Sequence
 from statistics import fmean
 from typing import Any
 
-import numpy as np
-
 from verispec.bench.flops import summarize_flops
 from verispec.bench.quality import summarize_quality
 from verispec.bench.sprinter_online import leak_online, sprinter_online, verifier_rates
 from verispec.methods import METHODS
+from verispec.stats import Interval, bootstrap_ratio, default_baseline
+from verispec.stats import paired_speedup as paired_totals_speedup
 
 
 def _rounds(records: Sequence[dict[str, Any]], skip_first: bool = False) -> list[dict[str, Any]]:
@@ -93,45 +92,6 @@ def theoretical_speedup(alpha: float | None, gamma: int, c: float | None, f: flo
     return tokens_per_round / (gamma * c + f)
 
 
-def bootstrap_speedup(
-    base: Sequence[tuple[float, int]], mine: Sequence[tuple[float, int]], resamples: int, seed: int
-) -> tuple[float, float] | None:
-    """Return the 95% percentile-bootstrap interval of the speedup from paired per-prompt (seconds, tokens).
-
-    None with fewer than two prompts (no spread to resample) or without tokens.
-    """
-    if len(base) != len(mine) or len(base) < 2 or resamples < 1:
-        return None
-    sums = _resampled_sums(np.concatenate([np.asarray(base, float), np.asarray(mine, float)], axis=1), resamples,
-                           seed)  # [B, 4]: base seconds, base tokens, method seconds, method tokens
-    valid = (sums[:, 1] > 0) & (sums[:, 2] > 0)
-    return _interval((sums[valid, 0] / sums[valid, 1]) / (sums[valid, 2] / sums[valid, 3]))
-
-
-def bootstrap_ratio(pairs: Sequence[tuple[float, float]], resamples: int, seed: int) -> tuple[float, float] | None:
-    """Return the 95% percentile-bootstrap interval of Σ numerator / Σ denominator over per-prompt (numerator,
-    denominator) pairs, e.g. (seconds, tokens) for seconds per token; None with fewer than two prompts."""
-    if len(pairs) < 2 or resamples < 1:
-        return None
-    sums = _resampled_sums(np.asarray(pairs, dtype=float), resamples, seed)  # [B, 2]
-    valid = sums[:, 1] > 0
-    return _interval(sums[valid, 0] / sums[valid, 1])
-
-
-def _resampled_sums(per_prompt: np.ndarray, resamples: int, seed: int) -> np.ndarray:
-    """Column sums of `per_prompt` [n, k] over `resamples` resamples of its rows with replacement: [B, k]."""
-    idx = np.random.default_rng(seed).integers(0, len(per_prompt), size=(resamples, len(per_prompt)))  # [B, n]
-    return per_prompt[idx].sum(axis=1)
-
-
-def _interval(statistic: np.ndarray) -> tuple[float, float] | None:
-    """The 2.5% and 97.5% quantiles of a resampled statistic (None when no resample was valid)."""
-    if statistic.size == 0:
-        return None
-    lo, hi = np.quantile(statistic, [0.025, 0.975])
-    return float(lo), float(hi)
-
-
 SD_FORMULA_METHODS = ("sd", "hf-assisted")
 
 TracePart = Callable[[dict[str, Any]], tuple[float, int]]  # a trace -> (seconds, tokens) of some of its rounds
@@ -165,15 +125,12 @@ def decode_rounds(trace: dict[str, Any]) -> tuple[float, int]:
 def paired_speedup(
     base: dict[int, dict[str, Any]], mine: dict[int, dict[str, Any]], resamples: int, seed: int,
     part: TracePart = whole_decode,
-) -> tuple[float | None, tuple[float, float] | None]:
+) -> tuple[float | None, Interval | None]:
     """Return (speedup of `mine` over `base`, its 95% bootstrap interval) over the prompts both decoded, timing
     `part` of each decode (default: all of it)."""
     shared = sorted(set(base) & set(mine))
-    pairs = [(part(base[i]["trace"]), part(mine[i]["trace"])) for i in shared]
-    b_sec, b_tok = sum(p[0][0] for p in pairs), sum(p[0][1] for p in pairs)
-    m_sec, m_tok = sum(p[1][0] for p in pairs), sum(p[1][1] for p in pairs)
-    speedup = (b_sec / b_tok) / (m_sec / m_tok) if b_tok and m_tok and b_sec and m_sec else None
-    return speedup, bootstrap_speedup([p[0] for p in pairs], [p[1] for p in pairs], resamples, seed)
+    return paired_totals_speedup([part(base[i]["trace"]) for i in shared], [part(mine[i]["trace"]) for i in shared],
+                                 resamples, seed)
 
 
 def _by_method(records: Sequence[dict[str, Any]], methods: Sequence[str]) -> dict[str, dict[int, dict[str, Any]]]:
@@ -186,8 +143,8 @@ def decode_split(
 ) -> list[dict[str, Any]]:
     """Return one row per method splitting its wall time into the prompt round and the decode rounds (module
     docstring): method, prompt_round_share, decode_seconds_per_token, decode_speedup and decode_speedup_ci95 (vs
-    `baseline`, default the first method, over the prompts both decoded)."""
-    baseline = baseline or methods[0]
+    `baseline`, by default `stats.default_baseline`, over the prompts both decoded)."""
+    baseline = default_baseline(methods, baseline)
     by_method = _by_method(records, methods)
     rows = []
     for method in methods:
@@ -257,9 +214,9 @@ def summarize(
     compare_to: str | None = None,
 ) -> list[dict[str, Any]]:
     """Return one aggregate row per method (keys in the module docstring); speedups are vs `baseline` (default:
-    the first method), over the prompts both decoded; with `compare_to`, also `speedup_vs_<compare_to>`.
+    `stats.default_baseline`), over the prompts both decoded; with `compare_to`, also `speedup_vs_<compare_to>`.
     `gamma`: one draft length for all methods, or one per method label."""
-    baseline = baseline or methods[0]
+    baseline = default_baseline(methods, baseline)
     by_method = _by_method(records, methods)
     base = by_method.get(baseline, {})
     t1 = one_token_target_seconds(list(base.values()))

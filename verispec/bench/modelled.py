@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from verispec.bench.metrics import one_token_target_seconds, theoretical_speedup
-from verispec.bench.tables import Column, fmt, format_table
+from verispec.bench.tables import Column, format_table, value_column
 
 
 def _ms(seconds: float | None) -> str:
@@ -45,14 +45,14 @@ def render_modelled(results: dict[str, Any], profile: Any, baseline: str, peer_p
     accelerator = profile.kind == KIND_MODELLED or (target is not None and target.device != "cpu")
     columns: list[Column] = [
         ("method", lambda r: str(r["method"])),
-        ("measured speedup", lambda r: fmt(r["measured_speedup"], ".2f", "x")),
+        value_column("measured speedup", "measured_speedup", ".2f", "x"),
         ("modelled ms/token", lambda r: _ms(r["modelled_seconds_per_token"])),
-        ("modelled speedup", lambda r: fmt(r["modelled_speedup"], ".2f", "x")),
-        ("theoretical speedup at profile c, f", lambda r: fmt(r["profile_theory"], ".2f", "x")),
+        value_column("modelled speedup", "modelled_speedup", ".2f", "x"),
+        value_column("theoretical speedup at profile c, f", "profile_theory", ".2f", "x"),
     ]
     if here:
         columns[1:1] = [("measured ms/token", lambda r: _ms(r["measured_seconds_per_token"]))]
-        columns += [("modelled / measured", lambda r: fmt(r["model_over_measured"], ".3f"))]
+        columns += [value_column("modelled / measured", "model_over_measured", ".3f")]
         columns += [(f"{part} ms/token measured / modelled", lambda r, p=part: _ms_pair(r, p))
                     for part in ("target", "draft", "verify", "other")]
     title = ("Modelled (measured profile) vs measured" if here else "Modelled (accelerator profile)" if accelerator

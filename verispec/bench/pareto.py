@@ -20,6 +20,7 @@ from typing import Any
 
 from verispec.bench.figures import save_figure
 from verispec.errors import ConfigError
+from verispec.stats import default_baseline
 
 # y key -> (axis label, whether higher is better)
 QUALITY_AXES: dict[str, tuple[str, bool]] = {
@@ -121,7 +122,7 @@ def plot_pareto(
     ax.axvline(1.0, color="grey", linewidth=0.8, linestyle=":")
     cfg = runs[0][1]["config"]
     prompts = len({r["prompt_index"] for r in runs[0][1]["records"]})
-    baseline = cfg.get("baseline") or ("ar" if "ar" in cfg["methods"] else cfg["methods"][0])
+    baseline = default_baseline(cfg["methods"], cfg.get("baseline"))
     ax.set_xlabel(f"speedup vs {baseline} (95% CI over prompts)")
     ax.set_ylabel(label + (" ↑" if higher else " ↓"))
     ax.set_title(f"{prompts} prompts from {cfg['prompts']}, γ={cfg['gamma']}, T={cfg['temperature']}; "

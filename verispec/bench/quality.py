@@ -18,7 +18,7 @@
 * The `draft` method (the draft alone, no target calls) is the quality floor: the draft-only control of §3.8.
 
 Aggregates over a method's prompts (`summarize_quality`), each with a 95% percentile-bootstrap interval over
-prompts (prompts resampled with replacement, `numpy.random.default_rng(seed)`): NLL per token = Σ NLL / Σ tokens
+prompts (`verispec.stats.bootstrap_ratio`, prompts resampled with replacement): NLL per token = Σ NLL / Σ tokens
 (a ratio of sums, as the speedup), perplexity = exp of it and of its interval bounds, and the mean ROUGE-L over
 the prompts that have the comparison, with the count of those prompts.
 """
@@ -35,6 +35,7 @@ import torch
 from verispec.bench.execution import check_completion
 from verispec.errors import ConfigError
 from verispec.models.protocol import CausalLM
+from verispec.stats import bootstrap_ratio
 
 
 def _target(decoder_or_model: Any) -> CausalLM:
@@ -149,25 +150,6 @@ def quality_records(
     return records
 
 
-def bootstrap_ratio(
-    numerators: Sequence[float], denominators: Sequence[float], resamples: int, seed: int
-) -> tuple[float, float] | None:
-    """Return the 95% percentile-bootstrap interval of Σ num / Σ den over items resampled with replacement.
-
-    With all denominators 1 it is the interval of the mean. None with fewer than two items.
-    """
-    if len(numerators) != len(denominators) or len(numerators) < 2 or resamples < 1:
-        return None
-    num, den = np.asarray(numerators, dtype=float), np.asarray(denominators, dtype=float)  # [n], [n]
-    idx = np.random.default_rng(seed).integers(0, len(num), size=(resamples, len(num)))  # [B, n]
-    sums_num, sums_den = num[idx].sum(axis=1), den[idx].sum(axis=1)  # [B], [B]
-    valid = sums_den > 0
-    if not valid.any():
-        return None
-    lo, hi = np.quantile(sums_num[valid] / sums_den[valid], [0.025, 0.975])
-    return float(lo), float(hi)
-
-
 def summarize_quality(records: Sequence[dict[str, Any]], resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
     """Return a method's quality aggregates (module docstring); every key is present, None without scores."""
     scored = [r["quality"] for r in records if r.get("quality")]
@@ -175,7 +157,7 @@ def summarize_quality(records: Sequence[dict[str, Any]], resamples: int = 2000, 
     tokens = [q["tokens"] for q in scored if q["tokens"]]
     row: dict[str, Any] = {"quality_prompts": len(scored)}
     per_token = sum(nll) / sum(tokens) if tokens else None
-    interval = bootstrap_ratio(nll, tokens, resamples, seed)
+    interval = bootstrap_ratio(list(zip(nll, tokens, strict=True)), resamples, seed)
     row.update(nll_per_token=per_token, nll_per_token_ci95=interval,
                ppl=math.exp(per_token) if per_token is not None else None,
                ppl_ci95=(math.exp(interval[0]), math.exp(interval[1])) if interval else None)
@@ -184,6 +166,6 @@ def summarize_quality(records: Sequence[dict[str, Any]], resamples: int = 2000, 
                       ("passed", "pass_at_1")):
         values = [q[key] for q in scored if q.get(key) is not None]
         row[name] = float(np.mean(values)) if values else None
-        row[f"{name}_ci95"] = bootstrap_ratio(values, [1.0] * len(values), resamples, seed)
+        row[f"{name}_ci95"] = bootstrap_ratio([(v, 1.0) for v in values], resamples, seed)
         row[f"{name}_prompts"] = len(values)
     return row

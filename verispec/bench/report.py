@@ -16,8 +16,9 @@ from verispec.bench.metrics import (
 )
 from verispec.bench.modelled import render_modelled
 from verispec.bench.sprinter_online import sprinter_online
-from verispec.bench.tables import Column, ci_cell, fmt, format_table, in_ms, with_ci
+from verispec.bench.tables import Column, ci_cell, fmt, format_table, in_ms, value_column, with_ci
 from verispec.errors import ConfigError
+from verispec.stats import default_baseline
 
 # The full table of `verispec report`.
 FULL_COLUMNS: list[Column] = [
@@ -25,18 +26,18 @@ FULL_COLUMNS: list[Column] = [
     ("prompts", lambda r: str(r["prompts"])),
     ("tokens", lambda r: str(r["tokens"])),
     ("ms/token", lambda r: fmt(r["seconds_per_token"] and 1000 * r["seconds_per_token"], ".1f")),
-    ("speedup", lambda r: fmt(r["speedup"], ".2f", "x")),
+    value_column("speedup", "speedup", ".2f", "x"),
     ("95% CI", ci_cell),
-    ("tokens/target call", lambda r: fmt(r["tokens_per_target_call"], ".2f")),
-    ("acceptance", lambda r: fmt(r["acceptance_rate"], ".3f")),
-    ("α", lambda r: fmt(r["alpha"], ".3f")),
-    ("mean τ", lambda r: fmt(r["mean_accepted"], ".2f")),
-    ("target calls/token", lambda r: fmt(r["target_calls_per_token"], ".3f")),
-    ("draft calls/token", lambda r: fmt(r["draft_calls_per_token"], ".3f")),
-    ("c", lambda r: fmt(r.get("cost_draft_c"), ".3f")),
-    ("f", lambda r: fmt(r.get("cost_block_f"), ".2f")),
-    ("theoretical speedup", lambda r: fmt(r.get("theoretical_speedup"), ".2f", "x")),
-    ("same tokens as baseline", lambda r: fmt(r.get("same_tokens_as_baseline"), ".0%")),
+    value_column("tokens/target call", "tokens_per_target_call", ".2f"),
+    value_column("acceptance", "acceptance_rate", ".3f"),
+    value_column("α", "alpha", ".3f"),
+    value_column("mean τ", "mean_accepted", ".2f"),
+    value_column("target calls/token", "target_calls_per_token", ".3f"),
+    value_column("draft calls/token", "draft_calls_per_token", ".3f"),
+    value_column("c", "cost_draft_c", ".3f"),
+    value_column("f", "cost_block_f", ".2f"),
+    value_column("theoretical speedup", "theoretical_speedup", ".2f", "x"),
+    value_column("same tokens as baseline", "same_tokens_as_baseline", ".0%"),
 ]
 
 
@@ -47,7 +48,7 @@ def full_columns(compare_to: str | None = None) -> list[Column]:
         return FULL_COLUMNS
     key = f"speedup_vs_{compare_to}"
     versus: list[Column] = [
-        (f"vs {compare_to}", lambda r: fmt(r.get(key), ".2f", "x")),
+        value_column(f"vs {compare_to}", key, ".2f", "x"),
         (f"95% CI vs {compare_to}", lambda r: ci_cell(r, key)),
     ]
     at = [header for header, _ in FULL_COLUMNS].index("95% CI") + 1
@@ -66,9 +67,9 @@ QUALITY_COLUMNS: list[Column] = [
     ("GFLOPs/token", lambda r: fmt(r.get("flops_per_token") and r["flops_per_token"] / 1e9, ".4g")),
     ("decode GFLOPs/token", lambda r: fmt(r.get("flops_per_token_decode") and r["flops_per_token_decode"] / 1e9,
                                            ".4g")),
-    ("leak TV(out, p)/position", lambda r: fmt(r.get("leak_tv_out"), ".4f")),
-    ("η_FP", lambda r: fmt(r.get("eta_fp"), ".3f")),
-    ("η_TP", lambda r: fmt(r.get("eta_tp"), ".3f")),
+    value_column("leak TV(out, p)/position", "leak_tv_out", ".4f"),
+    value_column("η_FP", "eta_fp", ".3f"),
+    value_column("η_TP", "eta_tp", ".3f"),
     ("verifier tokens", lambda r: str(r.get("verifier_tokens") or "-")),
 ]
 
@@ -95,19 +96,19 @@ SPRINTER_COLUMNS: list[Column] = [
     ("method", lambda r: str(r["method"])),
     ("rounds (natural)", lambda r: f"{r['rounds']} ({r['natural_rounds']})"),
     ("cap", lambda r: str(r["cap"])),
-    ("π", lambda r: fmt(r["pi"], ".3f")),
-    ("α (acceptable)", lambda r: fmt(r["alpha"], ".3f")),
-    ("η_TP", lambda r: fmt(r["eta_tp"], ".3f")),
-    ("η_FP", lambda r: fmt(r["eta_fp"], ".3f")),
-    ("pass rate", lambda r: fmt(r["pass_rate"], ".3f")),
-    ("T measured", lambda r: fmt(r["run_length"], ".2f")),
-    ("E[T] predicted", lambda r: fmt(r["run_length_predicted"], ".2f")),
-    ("N measured", lambda r: fmt(r["tokens_per_round"], ".2f")),
-    ("E[N] predicted", lambda r: fmt(r["tokens_per_round_predicted"], ".2f")),
-    ("error autocorrelation", lambda r: fmt(r["error_autocorrelation"], ".3f")),
-    ("TV(p, q)", lambda r: fmt(r.get("tv_pq"), ".3f")),
-    ("TV(out, p) measured", lambda r: fmt(r.get("tv_out"), ".4f")),
-    ("η_FP·TV(p, q) predicted", lambda r: fmt(r.get("tv_out_predicted"), ".4f")),
+    value_column("π", "pi", ".3f"),
+    value_column("α (acceptable)", "alpha", ".3f"),
+    value_column("η_TP", "eta_tp", ".3f"),
+    value_column("η_FP", "eta_fp", ".3f"),
+    value_column("pass rate", "pass_rate", ".3f"),
+    value_column("T measured", "run_length", ".2f"),
+    value_column("E[T] predicted", "run_length_predicted", ".2f"),
+    value_column("N measured", "tokens_per_round", ".2f"),
+    value_column("E[N] predicted", "tokens_per_round_predicted", ".2f"),
+    value_column("error autocorrelation", "error_autocorrelation", ".3f"),
+    value_column("TV(p, q)", "tv_pq", ".3f"),
+    value_column("TV(out, p) measured", "tv_out", ".4f"),
+    value_column("η_FP·TV(p, q) predicted", "tv_out_predicted", ".4f"),
 ]
 
 SPRINTER_NOTE = (
@@ -146,13 +147,13 @@ def render_sprinter_online(rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
 def _split_columns(baseline: str) -> list[Column]:
     return [
         ("method", lambda r: str(r["method"])),
-        ("prompt round share of time", lambda r: fmt(r["prompt_round_share"], ".0%")),
+        value_column("prompt round share of time", "prompt_round_share", ".0%"),
         ("decode-round ms/token", lambda r: fmt(r["decode_seconds_per_token"] and
                                                  1000 * r["decode_seconds_per_token"], ".1f")),
-        (f"decode-round speedup vs {baseline}", lambda r: fmt(r["decode_speedup"], ".2f", "x")),
+        value_column(f"decode-round speedup vs {baseline}", "decode_speedup", ".2f", "x"),
         ("95% CI", lambda r: ci_cell(r, "decode_speedup")),
-        (f"whole-decode speedup vs {baseline}", lambda r: fmt(r.get("speedup"), ".2f", "x")),
-        ("theoretical speedup", lambda r: fmt(r.get("theoretical_speedup"), ".2f", "x")),
+        value_column(f"whole-decode speedup vs {baseline}", "speedup", ".2f", "x"),
+        value_column("theoretical speedup", "theoretical_speedup", ".2f", "x"),
     ]
 
 
@@ -197,7 +198,7 @@ def _efficiency_columns(compare_to: str | None) -> list[Column]:
         ]
     columns += [
         (" / ".join(TIME_PARTS) + " ms/token", _time_split),
-        ("tokens per target pass", lambda r: fmt(r["tokens_per_target_pass"], ".1f")),
+        value_column("tokens per target pass", "tokens_per_target_pass", ".1f"),
     ]
     return columns
 
@@ -241,7 +242,7 @@ def render_markdown(results: dict[str, Any], profile: Any = None, peer_profile: 
     """Return the markdown report: settings, machine, the full table and what the columns mean; with a
     `costmodel.HardwareProfile`, also a separate section of modelled (not measured) times (`render_modelled`)."""
     cfg, machine = results["config"], results["machine"]
-    baseline = cfg.get("baseline") or ("ar" if "ar" in cfg["methods"] else cfg["methods"][0])
+    baseline = default_baseline(cfg["methods"], cfg.get("baseline"))
     n_prompts = len({r["prompt_index"] for r in results["records"]})
     category = f", categories {', '.join(cfg['category'])}" if cfg.get("category") else ""
     commit = (results.get("git_commit") or "unknown")[:12] + (" (dirty)" if results.get("git_dirty") else "")

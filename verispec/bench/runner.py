@@ -17,9 +17,6 @@ find decodes that ran while something else loaded the machine), then `Generation
 from __future__ import annotations
 
 import json
-import os
-import platform
-import subprocess
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -44,7 +41,9 @@ from verispec.errors import ConfigError
 from verispec.learned.collect import prompt_fingerprint
 from verispec.methods import METHODS
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND
+from verispec.provenance import provenance
 from verispec.sampling import SamplingConfig
+from verispec.stats import default_baseline
 from verispec.verify.relaxed import RelaxedKnobs
 
 SCHEMA = "verispec.bench/1"
@@ -102,7 +101,7 @@ class BenchConfig:
     @property
     def baseline_method(self) -> str:
         """Return the method speedups are measured against."""
-        return self.baseline or ("ar" if "ar" in self.methods else self.methods[0])
+        return default_baseline(self.methods, self.baseline)
 
     def variant(self, label: str) -> MethodVariant:
         """Return the parsed method variant `label` (e.g. "sd:gamma=2")."""
@@ -119,59 +118,6 @@ class BenchConfig:
         settings = {"gamma": self.gamma, **(variant.overrides if variant else {})}
         return DecodeConfig(method=name, max_new_tokens=max_new_tokens or self.max_new_tokens,
                             sampling=self.sampling(), seed=self.seed + index, **settings)
-
-
-def git_state() -> tuple[str | None, bool | None]:
-    """Return (commit, whether the working tree has uncommitted changes) of the checkout verispec runs from."""
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent,
-                                  timeout=5)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain") if commit else None
-    return commit or None, (bool(status) if status is not None else None)
-
-
-def versions() -> dict[str, str | None]:
-    """Return the versions of Python, verispec and the libraries that decide its speed."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    import verispec
-
-    out: dict[str, str | None] = {"python": platform.python_version(), "verispec": verispec.__version__,
-                                  "torch": torch.__version__}
-    for name in ("transformers", "tokenizers", "numpy"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def machine_description(device: str = "cpu") -> dict[str, Any]:
-    """Return the machine: platform, processor, CPU count, torch threads, accelerator, versions and git commit."""
-    import transformers
-
-    commit, dirty = git_state()
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "cpu_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "device": device,
-        "git_commit": commit,
-        "git_dirty": dirty,
-    }
-    if device.startswith("cuda") and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    return info
 
 
 def decode_one(decoder: Decoder, config: BenchConfig, method: str, prompt: Prompt, index: int,
@@ -328,10 +274,8 @@ def _run_bench(
     records, runs = load_resumable(out_path, config, prompts) if resume else ([], [])
     done = {r["prompt_index"] for r in records}
     todo = [i for i in range(len(prompts)) if i not in done]
-    commit, dirty = git_state()
     run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_seconds": 0.0, "prompts": [],
-           "machine": machine_description(config.device), "versions": versions(), "git_commit": commit,
-           "git_dirty": dirty}
+           **provenance(config.device)}
     if llamacpp is not None:
         run["versions"]["llama.cpp"] = llamacpp.version()
     peer_decoder = None
@@ -362,8 +306,8 @@ def _run_bench(
             "config": asdict(config),
             "machine": run["machine"],
             "versions": run["versions"],
-            "git_commit": commit,
-            "git_dirty": dirty,
+            "git_commit": run["git_commit"],
+            "git_dirty": run["git_dirty"],
             "started": runs[0]["started"],
             "wall_seconds": sum(r["wall_seconds"] for r in runs),
             "runs": runs,

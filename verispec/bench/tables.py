@@ -13,6 +13,12 @@ def fmt(value: Any, spec: str, suffix: str = "") -> str:
     return "-" if value is None else format(value, spec) + suffix
 
 
+def value_column(header: str, key: str, spec: str, suffix: str = "") -> Column:
+    """Return the column `header` showing an aggregate row's `key` formatted with `spec` and `suffix` ('-' when
+    the row lacks it or it is None)."""
+    return header, lambda row: fmt(row.get(key), spec, suffix)
+
+
 def ci_cell(row: dict[str, Any], key: str = "speedup") -> str:
     """Return the 95% interval `[lo, hi]` of `key` in an aggregate row, or '-'."""
     ci = row.get(f"{key}_ci95")
@@ -38,10 +44,10 @@ def in_ms(row: dict[str, Any], key: str) -> dict[str, Any]:
 COMPACT_COLUMNS: list[Column] = [
     ("method", lambda r: str(r["method"])),
     ("tokens", lambda r: str(r["tokens"])),
-    ("tokens/s", lambda r: fmt(r["tokens_per_second"], ".2f")),
-    ("speedup", lambda r: fmt(r["speedup"], ".2f", "x")),
-    ("acceptance", lambda r: fmt(r["acceptance_rate"], ".3f")),
-    ("tokens/target call", lambda r: fmt(r["tokens_per_target_call"], ".2f")),
+    value_column("tokens/s", "tokens_per_second", ".2f"),
+    value_column("speedup", "speedup", ".2f", "x"),
+    value_column("acceptance", "acceptance_rate", ".3f"),
+    value_column("tokens/target call", "tokens_per_target_call", ".2f"),
 ]
 
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column] = COMPACT_COLUMNS) -> str:

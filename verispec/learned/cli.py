@@ -9,15 +9,14 @@ import argparse
 import json
 from dataclasses import fields
 
+from verispec.bench.cli import add_prompt_options, add_sampling_options
+
 DEFAULT_DATA = "results/verifier_data.safetensors"
 DEFAULT_VERIFIER = "results/verifier.safetensors"
 
 
-def _optional_int(text: str) -> int | None:
-    return None if text.lower() == "none" else int(text)
-
-
 def _optional_float(text: str) -> float | None:
+    """Parse a float option that also takes "none"."""
     return None if text.lower() == "none" else float(text)
 
 
@@ -108,19 +107,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft", default=c.draft, help="hub id, folder or .gguf file (default: embedded)")
     p.add_argument("--dtype", default=c.dtype, help="(default: %(default)s)")
     p.add_argument("--device", default=c.device, help="(default: %(default)s)")
-    p.add_argument("--prompts", default=c.prompts,
-                   help="a load_prompts source: builtin | mt-bench | humaneval | spec-bench:PATH | .jsonl | .txt "
-                        "(default: %(default)s)")
-    p.add_argument("--category", nargs="+", default=c.category, help="keep only these categories")
-    p.add_argument("--limit", type=_optional_int, default=c.limit, help="number of prompts (default: all)")
-    p.add_argument("--offset", type=int, default=c.offset, help="skip this many prompts (default: %(default)s)")
-    p.add_argument("--subset-seed", type=_optional_int, default=c.subset_seed, help="shuffle prompts first")
-    p.add_argument("--no-chat-template", dest="chat_template", action="store_false", default=c.chat_template)
+    add_prompt_options(p, c)
     p.add_argument("--steps", type=int, default=c.steps, help="drafted tokens per prompt (default: %(default)s)")
     p.add_argument("--lam", type=float, default=c.lam, help="label q(x) <= lam*p(x) (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=c.temperature, help="0 = greedy (default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=c.top_k)
-    p.add_argument("--top-p", type=float, default=c.top_p)
+    add_sampling_options(p, c)
     p.add_argument("--seed", type=int, default=c.seed)
     p.add_argument("--cap", type=int, default=c.cap, help="positions restart after this many (default: %(default)s)")
     p.add_argument("--block", type=int, default=c.block, help="tokens drafted per target pass (default: %(default)s)")

