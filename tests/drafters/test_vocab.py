@@ -9,13 +9,8 @@ import torch
 
 from tests.stats import max_abs_diff, target_law
 from tests.verify.exact import speculative_law
-from verispec.drafters.vocab import (
-    count_tokens,
-    draft_vocabulary,
-    rank_tokens,
-    reduced_vocabulary,
-    special_token_ids,
-)
+from verispec.drafters.vocab import draft_vocabulary, reduced_vocabulary, special_token_ids
+from verispec.drafters.vocab_ranking import count_tokens, rank_tokens
 from verispec.errors import ConfigError
 from verispec.models.hf import HFCausalLM
 from verispec.models.tabular import TabularLM

@@ -1,0 +1,73 @@
+"""The token-frequency ranking: its builder (equal-mass mix of code and prose) and the shipped files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from verispec.drafters import vocab_ranking
+from verispec.drafters.vocab import DATA_DIR
+from verispec.drafters.vocab_ranking import build_ranking, mix, prose_texts
+
+SHIPPED = sorted(DATA_DIR.glob("*.npy"))
+
+
+def test_a_word_is_counted_in_its_running_text_forms_and_symbols_at_their_rates(monkeypatch):
+    monkeypatch.setattr(vocab_ranking, "PROSE_SYMBOLS", {".": 0.5})
+    texts = prose_texts({"word": 0.25, "i": 0.5})
+    assert texts == pytest.approx({" word": 0.75 * 0.25, " Word": 0.20 * 0.25, "Word": 0.05 * 0.25,
+                                   " i": 0.75 * 0.5, " I": 0.20 * 0.5, "I": 0.05 * 0.5, ".": 0.75 * 0.5})
+
+
+def test_mix_gives_each_part_its_share_of_the_mass():
+    assert mix([({1: 3, 2: 1}, 0.5), ({2: 2.0, 3: 6.0}, 0.5)]) == pytest.approx({1: 0.375, 2: 0.25, 3: 0.375})
+
+
+def test_build_ranks_specials_first_then_code_and_prose_with_equal_mass(tokenizer, monkeypatch):
+    monkeypatch.setattr(vocab_ranking, "WORD_FORMS", ((" {w}", 1.0),))
+    monkeypatch.setattr(vocab_ranking, "PROSE_SYMBOLS", {".": 0.5})
+    # code: a 4/6, b 2/6; prose: " " 0.8, c 0.6, "." 0.4, d 0.2 (of 2.0); each half of the mass
+    ranking = build_ranking(tokenizer, ["aaabb", "a"], {"en": {"c": 0.6, "d": 0.2}})
+    eos, unk = tokenizer.convert_tokens_to_ids(["<eos>", "<unk>"])
+    assert ranking == [eos, unk, *tokenizer.convert_tokens_to_ids(["a", " ", "b", "c", ".", "d"])]
+    assert build_ranking(tokenizer, ["aaabb", "a"], {"en": {"c": 0.6, "d": 0.2}}, keep=3) == ranking[:3]
+
+
+def test_build_is_deterministic_whatever_the_order_of_its_inputs(tokenizer):
+    words = {f"w{i}{c}": 1.0 / (i + 1) for i in range(30) for c in "xyz"}
+    code = ["def f(x):\n    return x + 1\n", "a = [1, 2, 3]\n"]
+    first = build_ranking(tokenizer, code, {"en": words, "de": {"und": 0.1}})
+    again = build_ranking(tokenizer, code, {"de": {"und": 0.1}, "en": dict(reversed(words.items()))})
+    assert first == again and len(set(first)) == len(first)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_a_shipped_ranking_is_a_prefix_of_a_permutation_and_says_how_it_was_built(path):
+    meta = json.loads(path.with_suffix(".json").read_text())
+    ranking = np.load(path)
+    assert ranking.ndim == 1 and ranking.dtype == np.int32 and len(ranking) == meta["ranked_tokens"]
+    assert len(np.unique(ranking)) == len(ranking) and 0 <= ranking.min() and ranking.max() < meta["vocab_size"]
+    assert path.stat().st_size < 400_000
+    assert {"code_corpus", "prose_corpus", "languages", "versions", "command"} <= set(meta)
+    assert meta["versions"]["wordfreq"] and meta["command"].startswith("python -m verispec.drafters.vocab_ranking")
+
+
+def test_the_shipped_ranking_puts_special_and_chat_tokens_first_and_covers_prose():
+    from verispec.models.default_pair import DEFAULT_PAIR, converted_dir
+
+    folder = converted_dir(DEFAULT_PAIR["draft"])
+    if not (folder / "tokenizer.json").is_file():
+        pytest.skip("the default pair is not converted on this machine")
+    from transformers import AutoTokenizer
+
+    from verispec.drafters.vocab import load_ranking, special_token_ids
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    ranking = load_ranking(tok)
+    first = set(special_token_ids(tok)) | set(vocab_ranking.chat_template_ids(tok))
+    assert set(ranking[: len(first)]) == first and {"<|im_start|>", "user", "assistant"} <= set(
+        tok.convert_ids_to_tokens(ranking[: len(first)]))
+    top = set(tok.convert_ids_to_tokens(ranking[:16384]))
+    assert {"Ġdelicious", "Ġvacation", "ĠParis", "Ġbreakfast", ".ĊĊ", "Ġreturn", "self"} <= top

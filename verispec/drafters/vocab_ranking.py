@@ -1,0 +1,238 @@
+"""Build the token-frequency ranking of the reduced draft head from code and prose (a build-time tool).
+
+The ranking mixes two corpora with equal total mass, so that neither decides the set alone (a chat model writes
+prose around code, and code inside prose):
+* **code**: the .py files of the Python standard library (code, comments, docstrings), counted token by token;
+* **prose**: the word-frequency lists of the `wordfreq` package (English by default; each language gets an equal
+  share of the prose mass). A word w of frequency f is counted as Qwen2's pre-tokenizer meets it in running text:
+  " w" (share 0.75), " W" capitalised after a space (0.20: sentence starts, about one word in fifteen, and names,
+  which the lower-cased lists fold in) and "W" at the start of a line (0.05), each tokenised and weighted f · share.
+  wordfreq drops punctuation and splits numbers, so a short table of punctuation, digit, whitespace, Markdown and
+  typographic strings adds them at typical rates per word (`PROSE_SYMBOLS`); they rank far above any cutoff, so
+  the exact rates hardly matter.
+Above both come the special tokens and the tokens of the chat template, which every request contains. Neither
+corpus is an evaluation prompt set. Ties rank by the smaller id; the result is deterministic for given inputs.
+
+    pip install -r requirements/ranking.txt   # wordfreq, needed only to build
+    python -m verispec.drafters.vocab_ranking build --tokenizer ~/.cache/verispec/converted/qwen2.5-coder-0.5b-instruct
+
+`coverage` reports which share of the tokens of some prompts (a JSON-lines file with "turns") lie in the top N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import sysconfig
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from verispec.drafters.vocab import (
+    DATA_DIR,
+    load_ranking,
+    ranking_path,
+    reduced_vocabulary,
+    special_token_ids,
+    tokenizer_fingerprint,
+)
+
+CODE_CORPUS = ("the .py files of the Python standard library (sysconfig 'stdlib' path), sorted by path, test suites "
+               "excluded")
+PROSE_CORPUS = "wordfreq's 'large' word-frequency list of each language (data: CC-BY-SA 4.0, see wordfreq's README)"
+# How a word of a lower-cased frequency list appears in running text: after a space (most words), capitalised after
+# a space (sentence starts after ". ", names, titles), capitalised at the start of a line or message.
+WORD_FORMS = ((" {w}", 0.75), (" {W}", 0.20), ("{W}", 0.05))
+# Strings prose has besides words, with rough occurrences per word of English text (chat answers use Markdown).
+PROSE_SYMBOLS = {
+    ",": 0.05, ".": 0.04, ".\n": 0.005, ".\n\n": 0.005, "\n": 0.01, "\n\n": 0.005, "?": 0.003, "!": 0.002,
+    ":": 0.003, ":\n": 0.002, ";": 0.001, " (": 0.002, ")": 0.002, " \"": 0.002, "\"": 0.002, "'": 0.001,
+    " -": 0.001, "-": 0.002, " –": 0.001, " —": 0.001, "’s": 0.001, "’t": 0.001, " $": 0.001, "%": 0.001,
+    "**": 0.002, "- ": 0.002, "### ": 0.001, "## ": 0.001, "1. ": 0.001, "2. ": 0.001, " `": 0.001, "`": 0.001,
+    **{d: 0.002 for d in "0123456789"}, " 1": 0.001, " 2": 0.001, " ": 0.001,
+    # typographic forms of edited text (web pages, news): curly quotes, dashes, currency, no-break space
+    "’": 0.002, "“": 0.001, " “": 0.001, "”": 0.001, ".”": 0.001, ",”": 0.001, "’.": 0.0005, ".’": 0.0005,
+    "–": 0.001, " £": 0.0005, " €": 0.0005, " ×": 0.0002, " μ": 0.0002, " °": 0.0002, "\u00a0": 0.001,
+}
+# The ranking stops here: N beyond it takes the remaining ids in id order (`reduced_vocabulary`), and the file stays
+# a few hundred KB.
+KEEP = 65536
+
+
+def corpus_files(stdlib: Path | None = None) -> list[Path]:
+    """Return the code corpus: the standard library's .py files outside its test suites, sorted (reproducible)."""
+    root = Path(stdlib or sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+    return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts[:-1]))
+
+
+def count_tokens(tokenizer: Any, texts: Iterable[str], batch: int = 256) -> Counter:
+    """Return token id -> occurrences over `texts` (no special tokens added)."""
+    counts: Counter = Counter()
+    texts = list(texts)
+    for start in range(0, len(texts), batch):
+        for ids in tokenizer(texts[start : start + batch], add_special_tokens=False)["input_ids"]:
+            counts.update(ids)
+    return counts
+
+
+def rank_tokens(counts: Mapping[int, float]) -> list[int]:
+    """Return the counted token ids, most frequent first, ties broken by the smaller id."""
+    return [token for token, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
+
+
+def weighted_counts(tokenizer: Any, weighted_texts: Mapping[str, float], batch: int = 4096) -> dict[int, float]:
+    """Return token id -> Σ weight of the texts it occurs in (once per occurrence); texts are visited sorted."""
+    counts: dict[int, float] = {}
+    texts = sorted(weighted_texts)
+    for start in range(0, len(texts), batch):
+        chunk = texts[start : start + batch]
+        for text, ids in zip(chunk, tokenizer(chunk, add_special_tokens=False)["input_ids"], strict=True):
+            for token in ids:
+                counts[token] = counts.get(token, 0.0) + weighted_texts[text]
+    return counts
+
+
+def prose_texts(word_freqs: Mapping[str, float]) -> dict[str, float]:
+    """Return each running-text form of the words (`WORD_FORMS`) and of `PROSE_SYMBOLS` -> its weight per word."""
+    texts: dict[str, float] = {}
+    for word, freq in word_freqs.items():
+        for form, share in WORD_FORMS:
+            text = form.format(w=word, W=word[:1].upper() + word[1:])
+            texts[text] = texts.get(text, 0.0) + freq * share
+    total = sum(word_freqs.values())
+    for symbol, rate in PROSE_SYMBOLS.items():
+        texts[symbol] = texts.get(symbol, 0.0) + total * rate
+    return texts
+
+
+def normalised(counts: Mapping[int, float]) -> dict[int, float]:
+    """Return the counts scaled to sum to 1 (an empty mapping stays empty)."""
+    total = float(sum(counts.values()))
+    return {token: c / total for token, c in counts.items()} if total else {}
+
+
+def mix(parts: Iterable[tuple[Mapping[int, float], float]]) -> dict[int, float]:
+    """Return Σ share · normalised(counts) over the (counts, share) parts."""
+    mixed: dict[int, float] = {}
+    for counts, share in parts:
+        for token, mass in normalised(counts).items():
+            mixed[token] = mixed.get(token, 0.0) + share * mass
+    return mixed
+
+
+def chat_template_ids(tokenizer: Any) -> list[int]:
+    """Return the token ids of the chat template around an empty exchange (none without a template)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    messages = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    return sorted(set(tokenizer(text, add_special_tokens=False)["input_ids"]))
+
+
+def build_ranking(tokenizer: Any, code_texts: Iterable[str], word_freqs: Mapping[str, Mapping[str, float]],
+                  keep: int = KEEP) -> list[int]:
+    """Return the ranking: the special and chat-template tokens (by id), then the tokens of code and prose mixed
+    with equal mass (`mix`; the prose half split evenly over the languages of `word_freqs`), at most `keep` ids."""
+    prose = [(weighted_counts(tokenizer, prose_texts(freqs)), 0.5 / len(word_freqs))
+             for _, freqs in sorted(word_freqs.items())]
+    mixed = mix([(count_tokens(tokenizer, code_texts), 0.5 if prose else 1.0), *prose])
+    first = sorted(set(special_token_ids(tokenizer)) | set(chat_template_ids(tokenizer)))
+    ranking = dict.fromkeys(first)
+    ranking.update(dict.fromkeys(rank_tokens(mixed)))
+    return list(ranking)[:keep]
+
+
+def coverage(ranking: list[int], special_ids: Iterable[int], token_ids: Iterable[int], ns: Iterable[int],
+             vocab_size: int) -> dict[int, float]:
+    """Return N -> the share of `token_ids` inside the reduced vocabulary of N tokens."""
+    tokens = list(token_ids)
+    result = {}
+    for n in ns:
+        inside = set(reduced_vocabulary(n, vocab_size, ranking, special_ids))
+        result[n] = sum(t in inside for t in tokens) / max(len(tokens), 1)
+    return result
+
+
+def package_version(name: str) -> str | None:
+    """Return the installed version of distribution `name`, None when it is not installed."""
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def build(args: argparse.Namespace) -> int:
+    """Build the ranking of a tokenizer from the standard library and wordfreq, and store it as package data."""
+    import wordfreq
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    files = corpus_files()
+    code = (f.read_text(encoding="utf-8", errors="replace") for f in files)
+    word_freqs = {lang: wordfreq.get_frequency_dict(lang, wordlist="large") for lang in args.languages}
+    ranking = build_ranking(tokenizer, code, word_freqs, keep=args.keep)
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    out = Path(args.out) / ranking_path(fingerprint).name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.save(out, np.asarray(ranking, dtype=np.int32))
+    name = Path(args.tokenizer).name
+    meta = {"tokenizer": name, "tokenizer_sha256": fingerprint, "vocab_size": len(tokenizer),
+            "mix": "equal mass: 1/2 code, 1/2 prose split evenly over the languages; special and chat-template "
+                   "tokens first; ties by id",
+            "code_corpus": CODE_CORPUS, "code_files": len(files), "prose_corpus": PROSE_CORPUS,
+            "languages": list(args.languages), "word_forms": dict(WORD_FORMS),
+            "versions": {"python": sys.version.split()[0], **{p: package_version(p) for p in
+                                                               ("wordfreq", "tokenizers", "transformers")}},
+            "ranked_tokens": len(ranking),
+            "command": f"python -m verispec.drafters.vocab_ranking build --tokenizer <folder of {name}> "
+                       f"--languages {' '.join(args.languages)} --keep {args.keep}"}
+    out.with_suffix(".json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
+    print(f"{out}: {len(ranking)} tokens ranked ({len(files)} code files; prose: {', '.join(args.languages)})")
+    return 0
+
+
+def report_coverage(args: argparse.Namespace) -> int:
+    """Print the share of the prompts' tokens inside the top-N set, for each N, per category and overall."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    ranking = np.load(args.ranking).astype(np.int64).tolist() if args.ranking else load_ranking(tokenizer)
+    by_category: dict[str, list[int]] = {}
+    for line in Path(args.prompts).read_text().splitlines():
+        record = json.loads(line)
+        ids = tokenizer("\n".join(record["turns"]), add_special_tokens=False)["input_ids"]
+        by_category.setdefault(record.get("category", "all"), []).extend(ids)
+    by_category["(all)"] = [t for ids in list(by_category.values()) for t in ids]
+    for category, ids in by_category.items():
+        shares = coverage(ranking, special_token_ids(tokenizer), ids, args.n, len(tokenizer))
+        print(f"{category:16s} {len(ids):7d} tokens  " + "  ".join(f"N={n}: {s:.4f}" for n, s in shares.items()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `build` or `coverage`."""
+    description = __doc__.split("\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m verispec.drafters.vocab_ranking", description=description)
+    commands = parser.add_subparsers(dest="command", required=True)
+    b = commands.add_parser("build", help=build.__doc__)
+    b.add_argument("--tokenizer", required=True, help="a model folder or hub id AutoTokenizer loads")
+    b.add_argument("--languages", nargs="+", default=["en"], help="wordfreq languages of the prose half")
+    b.add_argument("--keep", type=int, default=KEEP, help="ranked ids to store (larger N fill up in id order)")
+    b.add_argument("--out", default=str(DATA_DIR), help="where to write <fingerprint>.npy and .json")
+    c = commands.add_parser("coverage", help=report_coverage.__doc__)
+    c.add_argument("--tokenizer", required=True, help="a model folder or hub id AutoTokenizer loads")
+    c.add_argument("--prompts", required=True, help='a JSON-lines file of {"turns": [...], "category": ...}')
+    c.add_argument("--ranking", help="a ranking .npy (default: the shipped one for the tokenizer)")
+    c.add_argument("--n", type=int, nargs="+", default=[32768, 16384, 8192], help="sizes N of the draft head")
+    args = parser.parse_args(argv)
+    return build(args) if args.command == "build" else report_coverage(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
