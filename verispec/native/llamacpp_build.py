@@ -154,6 +154,7 @@ def _link_shim(src: Path, build_dir: Path, log: Path) -> None:
           str(src / "ggml" / "include"), "-o", str(obj)], log)
     # c++ links: llama.cpp's libraries are C++ and need its runtime.
     _run(["c++", "-shared", "-o", str(partial), str(obj), *archives, "-lpthread", "-ldl", "-lm"], log)
+    obj.unlink()
     partial.rename(out)
 
 
