@@ -184,11 +184,9 @@ def decode_one(decoder: Decoder, config: BenchConfig, method: str, prompt: Promp
     if name in LLAMACPP_PEERS:
         if llamacpp is None:
             raise ConfigError(f"{method} needs the llama.cpp peers' servers (run it through run_bench)")
-        return llamacpp_generate(llamacpp, decoder, prompt.text, name, settings.gamma, settings.sampling,
-                                 settings.max_new_tokens, settings.seed, config.chat_template)
+        return llamacpp_generate(llamacpp, decoder, prompt.text, name, settings, config.chat_template)
     if name in PEERS:
-        return peer_generate(peer_decoder or decoder, prompt.text, name, settings.gamma, settings.sampling,
-                             settings.max_new_tokens, settings.seed, config.chat_template)
+        return peer_generate(peer_decoder or decoder, prompt.text, name, settings, config.chat_template)
     problem = execution_problem(prompt) if config.stop_at_function_end else None
     return decoder.generate(prompt.text, settings, chat_template=config.chat_template,
                             stop_text=function_end(problem) if problem is not None else None)
