@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verispec import Decoder
+from verispec import DecodeConfig, Decoder, SamplingConfig, generate
 from verispec.api import check_compatible
+from verispec.config import MULTIPATH_PATHS
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.models.hf import HFCausalLM
 from verispec.models.tiny import TINY_CHARS, tiny_qwen2, tiny_tokenizer
@@ -57,6 +58,42 @@ def test_bad_arguments_raise_config_errors(decoder, kwargs, message):
     kwargs = {"prompt": "hi"} | kwargs
     with pytest.raises(ConfigError, match=message):
         decoder.generate(kwargs.pop("prompt"), **kwargs)
+
+
+def test_unknown_setting_is_a_config_error_naming_it_and_the_valid_ones(decoder):
+    with pytest.raises(ConfigError, match=r"unknown decode setting\(s\) gama;.*gamma.*typical_epsilon.*temperature"):
+        decoder.generate("hi", gama=3)
+    with pytest.raises(ConfigError, match="unknown decode setting"):
+        generate("hi", temprature=0.5)  # refused before any model loads
+
+
+def test_a_config_that_is_not_a_decode_config_is_refused(decoder):
+    with pytest.raises(ConfigError, match="config must be a DecodeConfig"):
+        decoder.generate("hi", "sd")
+
+
+def test_config_and_settings_combine(decoder):
+    base = DecodeConfig(method="sd", gamma=2, max_new_tokens=10, seed=5)
+    gen = decoder.generate("def f(x):", base, temperature=0.7, gamma=3, chat_template=False)
+    assert gen.config == DecodeConfig(method="sd", gamma=3, max_new_tokens=10, seed=5,
+                                      sampling=SamplingConfig(temperature=0.7))
+    same = decoder.generate("def f(x):", gen.config, chat_template=False)
+    assert same.tokens == gen.tokens  # the settings became the config the decode ran with
+    by_keywords = decoder.generate("def f(x):", method="sd", gamma=3, max_new_tokens=10, seed=5, temperature=0.7,
+                                   chat_template=False)
+    assert by_keywords.tokens == gen.tokens
+
+
+def test_with_settings_merges_sampling_and_resets_paths_for_another_method():
+    base = DecodeConfig(method="sd", sampling=SamplingConfig(temperature=1.0, top_k=5))
+    changed = base.with_settings(top_p=0.5, method="gbv")
+    assert changed.sampling == SamplingConfig(temperature=1.0, top_k=5, top_p=0.5)
+    assert changed.paths == MULTIPATH_PATHS  # sd's K = 1 does not carry over to a multi-path method
+    assert base.with_settings(method="gbv", paths=2).paths == 2
+    assert base.with_settings() is base
+    assert base.with_settings(typical_epsilon=0.2).typical_epsilon == 0.2
+    with pytest.raises(ConfigError, match="unknown decode setting"):
+        base.with_settings(knobs={"typical_epsilon": 0.2})
 
 
 def test_different_vocabulary_sizes_are_rejected(tiny_pair):

@@ -134,3 +134,13 @@ def test_the_check_sees_a_cycle_through_a_deferred_import_and_a_package(tmp_path
     (root / "learned" / "collect.py").write_text("from .. import api\n")  # relative, and at import time
     assert find_cycle(import_graph(False, modules)) is None  # api's edge is still deferred
     assert find_cycle(import_graph(True, modules))[0] == "pkg.api"
+
+
+def test_the_engine_reaches_theory_only_through_the_diagnostics_observer():
+    """The decode loop holds no closed-form theory: SPRINTER's leak bookkeeping is an observer
+    (`verispec.diagnostics`), so the engine's own imports do not name `verispec.theory`."""
+    modules = module_names()
+    engine = {target for target, _ in imports_of("verispec.engine", modules["verispec.engine"], modules)}
+    diagnostics = {target for target, _ in imports_of("verispec.diagnostics", modules["verispec.diagnostics"], modules)}
+    assert "verispec.diagnostics" in engine and "verispec.theory" in diagnostics  # the walk read both
+    assert "verispec.theory" not in engine

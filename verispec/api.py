@@ -19,9 +19,7 @@ from verispec.models.fastpath import check_linear_backend
 from verispec.models.hf import HFCausalLM, check_model_spec, parse_dtype
 from verispec.models.loading import DEFAULT, DEFAULT_LINEAR_BACKEND, load_model
 from verispec.models.pair import check_compatible, encode_prompt, eos_token_ids
-from verispec.sampling import SamplingConfig
 from verispec.trace import Trace
-from verispec.verify.relaxed import RelaxedKnobs
 
 
 @dataclass
@@ -171,39 +169,26 @@ class Decoder:
     def generate(
         self,
         prompt: str,
-        method: str = DecodeConfig.method,
-        gamma: int = DecodeConfig.gamma,
-        temperature: float = SamplingConfig.temperature,
-        top_k: int = SamplingConfig.top_k,
-        top_p: float = SamplingConfig.top_p,
-        max_new_tokens: int = DecodeConfig.max_new_tokens,
-        seed: int = DecodeConfig.seed,
+        config: DecodeConfig | None = None,
+        *,
         chat_template: bool = True,
-        paths: int | None = DecodeConfig.paths,
-        cap: int = DecodeConfig.cap,
-        tau: float | None = DecodeConfig.tau,
-        knobs: Mapping[str, float] | None = None,  # the lossy rules' knobs, by DecodeConfig field (typical_epsilon...)
-        stop_text: Callable[[str], bool] | None = None,  # asked after each round with the text so far: True ends it
-        drafter: str = DecodeConfig.drafter,
-        ngram_min: int = DecodeConfig.ngram_min,
-        ngram_max: int = DecodeConfig.ngram_max,
-        draft_vocab: int | None = DecodeConfig.draft_vocab,
+        stop_text: Callable[[str], bool] | None = None,
+        **settings: Any,
     ) -> Generation:
-        """Decode `prompt` with `method` (drafting with `drafter`); return the text, the token ids and the trace."""
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-        unknown = sorted(set(knobs or {}) - set(RelaxedKnobs.__dataclass_fields__))
-        if unknown:
-            raise ConfigError(f"unknown knob(s) {', '.join(unknown)}; the lossy rules' knobs are: "
-                              f"{', '.join(RelaxedKnobs.__dataclass_fields__)}")
-        config = DecodeConfig(
-            method=method, gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, paths=paths,
-            cap=cap, tau=tau, drafter=drafter, ngram_min=ngram_min, ngram_max=ngram_max, draft_vocab=draft_vocab,
-            **(knobs or {}),
-        )
+        """Decode `prompt` with `config` (default: `DecodeConfig()`) changed by `settings`; return the text, the
+        token ids and the trace.
+
+        `settings` are what `DecodeConfig.with_settings` takes: its field names (method, gamma, paths, drafter,
+        ...), the sampling settings by name (temperature, top_k, top_p) and the lossy rules' knobs
+        (typical_epsilon, ...); a setting of another name is a ConfigError naming it. `chat_template`: encode the
+        prompt through the tokenizer's chat template; `stop_text`: asked after each round with the text so far, a
+        true answer ends the decode there.
+        """
+        config = resolve_config(config, settings)
         check_prompt(prompt)
         models = self.models_for(config)
         prompt_ids = self.encode_prompt(prompt, chat_template)
-        check_context(len(prompt_ids), max_new_tokens, models.get("target"), models.get("draft"))
+        check_context(len(prompt_ids), config.max_new_tokens, models.get("target"), models.get("draft"))
         engine = self.engine(config)
         on_commit = None
         if stop_text is not None:
@@ -217,44 +202,39 @@ class Decoder:
         return Generation(text, out.tokens, len(prompt_ids), out.stopped_at_eos, config, out.trace)
 
 
+def resolve_config(config: DecodeConfig | None, settings: Mapping[str, Any]) -> DecodeConfig:
+    """Return `config` (None: the defaults) with `settings` applied by `DecodeConfig.with_settings`."""
+    if config is not None and not isinstance(config, DecodeConfig):
+        raise ConfigError(f"config must be a DecodeConfig, got {type(config).__name__} {config!r}; give settings by "
+                          f"name, e.g. generate(prompt, method='sd', gamma=4)")
+    return (config or DecodeConfig()).with_settings(**settings)
+
+
 _DECODERS: dict[tuple, Decoder] = {}
 
 
 def generate(
     prompt: str,
-    method: str = DecodeConfig.method,
+    config: DecodeConfig | None = None,
+    *,
     target: str | None = None,
     draft: str | None = None,
-    gamma: int = DecodeConfig.gamma,
-    temperature: float = SamplingConfig.temperature,
-    top_k: int = SamplingConfig.top_k,
-    top_p: float = SamplingConfig.top_p,
-    max_new_tokens: int = DecodeConfig.max_new_tokens,
-    seed: int = DecodeConfig.seed,
-    chat_template: bool = True,
     dtype: str = "float32",
     device: str = "cpu",
-    paths: int | None = DecodeConfig.paths,
-    cap: int = DecodeConfig.cap,
-    tau: float | None = DecodeConfig.tau,
     verifier: str | None = None,
     linear_backend: str = DEFAULT_LINEAR_BACKEND,
     draft_dtype: str | None = None,
-    drafter: str = DecodeConfig.drafter,
-    ngram_min: int = DecodeConfig.ngram_min,
-    ngram_max: int = DecodeConfig.ngram_max,
-    draft_vocab: int | None = DecodeConfig.draft_vocab,
+    chat_template: bool = True,
+    **settings: Any,
 ) -> Generation:
-    """Decode `prompt` with `method` on the given (default: embedded) pair; return a `Generation`.
+    """Decode `prompt` with `config` changed by `settings` (as `Decoder.generate`) on the given (default: embedded)
+    pair; return a `Generation`. The other arguments choose and load the models (as `Decoder`'s).
 
     Models stay loaded between calls with the same target, draft, dtype and device.
     """
+    config = resolve_config(config, settings)  # a bad setting fails before minutes of loading
     key = (target, draft, dtype, device, verifier, linear_backend, draft_dtype)
     if key not in _DECODERS:
         _DECODERS[key] = Decoder(target, draft, dtype=dtype, device=device, verifier=verifier,
                                  linear_backend=linear_backend, draft_dtype=draft_dtype)
-    return _DECODERS[key].generate(
-        prompt, method=method, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
-        max_new_tokens=max_new_tokens, seed=seed, chat_template=chat_template, paths=paths, cap=cap, tau=tau,
-        drafter=drafter, ngram_min=ngram_min, ngram_max=ngram_max, draft_vocab=draft_vocab,
-    )
+    return _DECODERS[key].generate(prompt, config, chat_template=chat_template)

@@ -8,16 +8,13 @@ import sys
 from pathlib import Path
 
 from verispec.errors import VerispecError
-from verispec.options import add_decode_options, add_model_options
+from verispec.options import add_decode_options, add_model_options, decode_config
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Generate from one prompt; print the text, or the whole result with --json."""
     from verispec.api import Decoder
-    from verispec.bench.variants import parse_method
     from verispec.inputs import check_prompt, decode_utf8
-    from verispec.methods import METHODS
-    from verispec.verify.relaxed import RelaxedKnobs
 
     if args.prompt == "-":
         prompt = decode_utf8(sys.stdin.buffer.read(), "standard input", args.replace_invalid_utf8)
@@ -26,20 +23,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         prompt = args.prompt
     check_prompt(prompt)  # before minutes of loading
-    # --method takes the bench's variant syntax too, e.g. typical:epsilon=0.3,delta=0.09 (bench/variants.py).
-    variant = parse_method(args.method, set(METHODS))
-    settings = {"gamma": args.gamma, "paths": args.paths, "cap": args.cap, "tau": args.tau, **variant.overrides}
-    knobs = {key: settings.pop(key) for key in list(settings) if key in RelaxedKnobs.__dataclass_fields__}
+    config = decode_config(args)
     decoder = Decoder(
         args.target, args.draft, dtype=args.dtype, verifier=args.verifier, linear_backend=args.linear_backend,
         draft_dtype=args.draft_dtype,
     )
-    gen = decoder.generate(
-        prompt, method=variant.name, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        max_new_tokens=args.max_new_tokens, seed=args.seed, chat_template=not args.no_chat_template, knobs=knobs,
-        drafter=args.drafter, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
-        draft_vocab=args.draft_vocab, **settings,
-    )
+    gen = decoder.generate(prompt, config, chat_template=not args.no_chat_template)
     if args.json:
         print(json.dumps(gen.to_dict() | {"linear_kernels": decoder.linear_kernels()}, indent=2))
     else:
@@ -147,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="methods side by side on built-in prompts: table + results JSON")
     add_model_options(p)
     add_decode_options(p)
-    p.set_defaults(max_new_tokens=48)
+    from verispec.bench.compare import CompareConfig
+
+    p.set_defaults(max_new_tokens=CompareConfig.max_new_tokens)
     p.add_argument("--methods", nargs="+", default=["ar", "sd"], help="methods; the first is the baseline")
     p.add_argument("--prompts", help="a text file with one prompt per line (default: built-in prompts)")
     p.add_argument("--out", default="results/compare.json", help="where to write the results JSON")

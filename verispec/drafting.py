@@ -68,21 +68,25 @@ def draft_paths(
     eos_token_ids: frozenset[int],
     vocab_size: int,
     stop_rule: StopRule | None = None,
+    keep_hidden: bool = False,
 ) -> DraftBlock:
     """Return `n_paths` i.i.d. draft paths of length ≤ `gamma` continuing `tokens`.
 
     Drafting stops early once every path holds an EOS: nothing after an EOS can be kept, and a rule that looks
     only at drafted tokens keeps every verifier lossless (§1.4, "Variable γ"). With a `stop_rule` (one path
     only), drafting also stops at the first token the rule rejects, scored on the hidden state that produced
-    its q (§3.1); that token ends the block.
+    its q (§3.1); that token ends the block. The hidden state that produced each token's q is kept in
+    `DraftBlock.hiddens` with a stop rule (it scores them) or with `keep_hidden` (one path: training data).
     """
     assert stop_rule is None or n_paths == 1, "a stop rule drafts a single path"
+    assert not keep_hidden or n_paths == 1, "hidden states are kept for a single path"
+    keep_hidden = keep_hidden or stop_rule is not None
     paths: list[list[int]] = [[] for _ in range(n_paths)]
     positions: list[list[int]] = [[] for _ in range(n_paths)]
     if drafter is None or gamma == 0:
         return DraftBlock(paths, torch.empty(n_paths, 0, vocab_size, dtype=torch.float64), positions, 0, 0)
     new = tokens[drafter.cache_length :]  # the committed tokens the draft cache lacks (at least one)
-    out = drafter.forward(new, n_logits=1, return_hidden=stop_rule is not None)
+    out = drafter.forward(new, n_logits=1, return_hidden=keep_hidden)
     q_root = process_logits(out.logits, sampling)  # [1, V]
     forwards, fed = 1, len(new)
     rows = [q_root.expand(n_paths, -1)]  # [K, V] per depth
@@ -90,8 +94,9 @@ def draft_paths(
         path.append(sample(q_root[0], generator))
     scores: list[float] = []
     hiddens: list[torch.Tensor] = []
-    if stop_rule is not None:
+    if keep_hidden:
         hiddens.append(out.hidden[0])
+    if stop_rule is not None:
         scores.append(stop_rule.score(out.hidden[0], q_root[0], paths[0][0], 1))
     for depth in range(1, gamma):
         if all(any(t in eos_token_ids for t in path) for path in paths):
@@ -101,7 +106,7 @@ def draft_paths(
         start = drafter.cache_length
         last = [path[-1] for path in paths]
         if n_paths == 1:
-            out = drafter.forward(last, n_logits=1, return_hidden=stop_rule is not None)  # [1, V]
+            out = drafter.forward(last, n_logits=1, return_hidden=keep_hidden)  # [1, V]
         else:
             parents = [pos[-1] if pos else start - 1 for pos in positions]  # the previous token of each path
             out = drafter.forward(last, n_logits=n_paths, parents=parents)  # [K, V]
@@ -111,8 +116,9 @@ def draft_paths(
             positions[k].append(start + k)
             path.append(sample(q_depth[k], generator))
         rows.append(q_depth)
-        if stop_rule is not None:
+        if keep_hidden:
             hiddens.append(out.hidden[0])
+        if stop_rule is not None:
             scores.append(stop_rule.score(out.hidden[0], q_depth[0], paths[0][-1], depth + 1))
     decisions = [stop_rule.accepts(score) for score in scores] if stop_rule is not None else []
     return DraftBlock(paths, torch.stack(rows, dim=1), positions, forwards, fed, scores, decisions, hiddens)
@@ -125,6 +131,13 @@ class PrefixTree:
     tokens: list[int]  # [N] token of each node
     parents: list[int]  # [N] parent node index, -1 for children of the root (the last committed token)
     node_of: list[list[int]]  # [K][γ'] node index of path k's i-th token
+
+    @property
+    def is_chain(self) -> bool:
+        """Return whether the tree is one path (K = 1): its nodes then follow the committed tokens in order, so a
+        pass needs no tree attention, the nodes are the path's rows, and rolling back is moving a length. The one
+        place the K = 1 fast paths of `verispec.engine` are chosen."""
+        return len(self.node_of) == 1
 
 
 def merge_paths(paths: list[list[int]]) -> PrefixTree:

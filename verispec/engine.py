@@ -3,89 +3,40 @@
 Cache invariant: every model's KV cache holds a prefix of `tokens` (the committed sequence) plus, during a
 round, the draft tokens. A forward feeds whatever of the committed sequence (and draft block) the cache lacks,
 so after any rollback the next round simply re-feeds the missing tail: rollback is just moving a length.
+
+Public surface (what measurement code such as `learned.collect` and `bench.fixed_blocks` may use; the loop itself
+is built from the same pieces):
+- `Engine`, `DecodeConfig` (from `verispec.config`), `DecodeOutput`: decode token ids with any method;
+- `score_block(decoder, tokens, block, sampling) -> ScoredBlock`: one decoder pass over a drafted block (a prefix
+  tree when K > 1), with the processed law `p` `[K, γ'+1, V]` of every path position;
+- `roll_back(decoder, draft_model, base, scored, path, accepted)`: return both caches to the committed tokens;
+- `verify_block` / `verify_paths`: run a method's verifier on a scored block.
+Drafts come from `verispec.drafters` (`make_drafter(...).propose(DraftRequest(...))`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
-from verispec.drafters import DraftRequest, check_drafter_settings, make_drafter, uses_draft_model
+from verispec.config import MULTIPATH_PATHS, DecodeConfig
+from verispec.diagnostics import RoundObserver, SprinterDiagnostics, record_relaxed
+from verispec.drafters import DraftRequest, make_drafter, uses_draft_model
 from verispec.drafting import DraftBlock, PrefixTree, StopRule, merge_paths
 from verispec.errors import ConfigError
 from verispec.methods import Method, MultiPathResult, get_method
 from verispec.models.protocol import CausalLM
 from verispec.sampling import SamplingConfig, process_logits
-from verispec.theory import leak
 from verispec.trace import RoundTrace, Trace
 from verispec.verify import candidate_tree_verify
-from verispec.verify.relaxed import RelaxedKnobs, relaxed_verify
+from verispec.verify.relaxed import relaxed_verify
 
-# K of a multi-path method when none is given: the best K of `gbv` on the dev-short prompts at T = 1 (BENCHMARKS.md
-# §5). At T = 0 the K paths are equal, so a multi-path method only pays for them.
-MULTIPATH_PATHS = 3
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Settings of one decode; the CLI and the API read their defaults from here."""
-
-    method: str = "sd"  # a name in verispec.methods.METHODS
-    gamma: int = 4  # draft tokens per round (speculative methods); the path length for multi-path methods
-    max_new_tokens: int = 128  # generation stops after exactly this many tokens unless EOS comes first
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    seed: int = 0  # seeds the one torch.Generator used for every draw of the decode
-    paths: int | None = None  # K i.i.d. draft paths per round; None = 1, or MULTIPATH_PATHS for multi-path methods
-    cap: int = 20  # SPRINTER: the longest draft run before the target is called (§3.1)
-    tau: float | None = None  # SPRINTER: the verifier's acceptance threshold; None = the one stored in its file
-    drafter: str = "model"  # a name in verispec.drafters.DRAFTERS: model | ngram | hybrid
-    ngram_min: int = 2  # prompt lookup: the shortest suffix of the context looked up
-    ngram_max: int = 4  # prompt lookup: the longest suffix looked up (the longest match wins)
-    draft_vocab: int | None = None  # N: the draft model's head covers only the N most frequent tokens; None = all
-    # Lossy relaxed-acceptance rules (verify/relaxed.py, docs/algorithms.md §6.2); defaults are deployed settings.
-    typical_epsilon: float = RelaxedKnobs.typical_epsilon  # typical: keep x when p̃(x) > min(ε, δ·e^{−H(p̃)})
-    typical_delta: float = RelaxedKnobs.typical_delta  # typical: δ (inf: the threshold is ε alone)
-    margin_delta: float = RelaxedKnobs.margin_delta  # margin: keep x when log p̃(x) > max log p̃ − Δ (nats)
-    fuzzy_threshold: float = RelaxedKnobs.fuzzy_threshold  # fuzzy: keep while JS(p, q) < θ (nats, ≤ ln 2)
-    fly_entropy: float = RelaxedKnobs.fly_entropy  # fly: entropy gate θ on p̃'s top-k (nats)
-    fly_window: int = RelaxedKnobs.fly_window  # fly: W draft tokens that must pass to keep a rejected one (< gamma)
-    fly_top_k: int = RelaxedKnobs.fly_top_k  # fly: k of the entropy gate
-
-    def __post_init__(self) -> None:
-        method = get_method(self.method)
-        if not isinstance(self.gamma, int) or isinstance(self.gamma, bool) or self.gamma < 1:
-            raise ConfigError(f"gamma (draft length) must be an integer >= 1, got {self.gamma!r}")
-        if self.paths is None:
-            object.__setattr__(self, "paths", MULTIPATH_PATHS if method.multipath else 1)  # frozen: set once here
-        if not isinstance(self.paths, int) or isinstance(self.paths, bool) or self.paths < 1:
-            raise ConfigError(f"paths (K) must be an integer >= 1, got {self.paths!r}")
-        if self.paths > 1 and not method.multipath:
-            raise ConfigError(f"method {self.method!r} verifies a single path; paths must be 1, got {self.paths}")
-        if self.paths == 1 and method.multipath:
-            # One path would silently run a single-path rule at the multi-path rule's cost (tree bookkeeping).
-            hint = "with one path it is block verification: use --method bv" if self.method == "gbv" else (
-                "for a single path use sd or bv")
-            raise ConfigError(f"method {self.method!r} needs paths >= 2 ({hint})")
-        if not isinstance(self.cap, int) or isinstance(self.cap, bool) or self.cap < 1:
-            raise ConfigError(f"cap (the longest SPRINTER draft run) must be an integer >= 1, got {self.cap!r}")
-        if self.tau is not None and not (isinstance(self.tau, (int, float)) and 0.0 <= self.tau <= 1.0):
-            raise ConfigError(f"tau (the verifier threshold) must be in [0, 1], got {self.tau!r}")
-        self.relaxed_knobs()  # validates the lossy rules' knobs
-        if self.method == "fly" and self.fly_window >= self.gamma:
-            raise ConfigError(f"fly_window (W) must be < gamma ({self.gamma}): a deferred rejection is confirmed by "
-                              f"the W draft tokens after it, got {self.fly_window}")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not isinstance(self.seed, int):
-            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
-        check_drafter_settings(self, method)
-
-    def relaxed_knobs(self) -> RelaxedKnobs:
-        """Return the lossy rules' knobs (validated; ConfigError names a knob out of range)."""
-        return RelaxedKnobs(**{name: getattr(self, name) for name in RelaxedKnobs.__dataclass_fields__})
+__all__ = ["MULTIPATH_PATHS", "DecodeConfig", "DecodeOutput", "Engine", "ScoredBlock", "path_rows", "roll_back",
+           "score_block", "tree_pass", "verify_block", "verify_paths"]
 
 
 @dataclass
@@ -152,8 +103,10 @@ class Engine:
         decoder, draft_model = self._models_for(config)
         drafter = make_drafter(config, draft_model)
         stop_rule = None
+        observers: list[RoundObserver] = []
         if method.learned_stop:
             stop_rule = self.verifier if config.tau is None else self.verifier.with_threshold(config.tau)
+            observers.append(SprinterDiagnostics(stop_rule, lossless=method.lossless))
         generator = torch.Generator().manual_seed(config.seed)
         trace = Trace(prefill_tokens=len(prompt_ids))
         decoder_is_draft = method.decoder == "draft"
@@ -185,17 +138,17 @@ class Engine:
 
             # 2. One decoder pass over the uncached committed tokens plus the block (a tree when K > 1).
             base = len(tokens)
-            logits, tree, fed = tree_pass(decoder, tokens, block)
+            scored = score_block(decoder, tokens, block, config.sampling)
             t2 = time.perf_counter()
             if decoder_is_draft:
-                trace.draft_calls, trace.draft_tokens = trace.draft_calls + 1, trace.draft_tokens + fed
+                trace.draft_calls, trace.draft_tokens = trace.draft_calls + 1, trace.draft_tokens + scored.fed
             else:
-                trace.target_calls, trace.target_tokens = trace.target_calls + 1, trace.target_tokens + fed
+                trace.target_calls, trace.target_tokens = trace.target_calls + 1, trace.target_tokens + scored.fed
 
             # 3. Verify against the processed distributions actually sampled from.
-            p = path_rows(process_logits(logits, config.sampling), tree)  # [K, γ'+1, V]
+            p = scored.p  # [K, γ'+1, V]
             if method.relaxed:  # the gates read the unprocessed target law p̃ (docs/algorithms.md §6.2)
-                p_gate = path_rows(torch.softmax(logits.to(torch.float64), dim=-1), tree)
+                p_gate = scored.per_path(torch.softmax(scored.logits.to(torch.float64), dim=-1))
                 single, leaks = relaxed_verify(method.name, block.as_tensor()[0], block.q[0], p[0], p_gate[0],
                                                knobs, generator)
                 result = MultiPathResult(path=0, accepted=single.accepted, token=single.token)
@@ -213,27 +166,16 @@ class Engine:
             emitted = emitted[:remaining]
             tokens.extend(emitted)
             round_trace = RoundTrace(
-                block.length, result.accepted, len(emitted), fed, t1 - t0, t2 - t1, t3 - t2,
-                paths=len(block.tokens), tree_nodes=len(tree.tokens), drafter=block.drafter,
+                block.length, result.accepted, len(emitted), scored.fed, t1 - t0, t2 - t1, t3 - t2,
+                paths=len(block.tokens), tree_nodes=len(scored.tree.tokens), drafter=block.drafter,
             )
-            if stop_rule is not None:
-                t_diag = time.perf_counter()
-                # The target pass covers every drafted token, so whether each one was acceptable (q(x) ≤ p(x),
-                # λ = 1) is known for free: η_FP and η_TP are measured online at the deployed threshold (§3.8).
-                index = block.as_tensor()[0].view(-1, 1)
-                p_x, q_x = p[0, :-1].gather(1, index).view(-1), block.q[0].gather(1, index).view(-1)
-                round_trace.verifier_scores = block.scores
-                round_trace.verifier_accepts = block.accepted_by_rule
-                round_trace.acceptable = (q_x <= p_x).tolist()
-                round_trace.tv_pq, round_trace.leak = position_leaks(
-                    stop_rule, block, p[0, :-1], gamma, lossless=method.lossless)
-                trace.time_diagnostics += time.perf_counter() - t_diag
             if method.relaxed:
-                # ε at each position the rule examined (1..τ+1): the TV between that position's output law and p
-                # (§3.3); None at drafted positions past the first rejection. TV(p, q) at every drafted position.
-                examined = min(result.accepted + 1, block.length)
-                round_trace.tv_pq = (0.5 * (p[0, :-1] - block.q[0]).abs().sum(-1)).tolist()
-                round_trace.leak = leaks[:examined] + [None] * (block.length - examined)
+                record_relaxed(round_trace, block, p, result.accepted, leaks)
+            if observers:  # measurements outside the method: timed apart, kept out of time_total
+                t_diag = time.perf_counter()
+                for observer in observers:
+                    observer.on_round(block, p, result, round_trace, gamma)
+                trace.time_diagnostics += time.perf_counter() - t_diag
             trace.rounds.append(round_trace)
             trace.time_draft += t1 - t0 + (t2 - t1 if decoder_is_draft else 0.0)
             trace.time_target += 0.0 if decoder_is_draft else t2 - t1
@@ -243,68 +185,81 @@ class Engine:
                 break
 
             # 5. Roll back both caches to the committed tokens they saw: the prefix, then the kept path.
-            kept_nodes = [tree.node_of[result.path][i] for i in range(result.accepted)]
-            self._roll_back(decoder, base, [base + node for node in kept_nodes], len(block.tokens))
-            if draft_model is not None and block.forwards:  # a round the draft model did not draft left it as it was
-                kept_draft = block.positions[result.path][: result.accepted]
-                self._roll_back(draft_model, base, kept_draft, len(block.tokens))
+            roll_back(decoder, draft_model, base, scored, result.path, result.accepted)
         trace.time_total = time.perf_counter() - start - trace.time_diagnostics
         return DecodeOutput(tokens=tokens[n_prompt:], trace=trace, stopped_at_eos=stopped_at_eos)
 
-    @staticmethod
-    def _roll_back(model: CausalLM, base: int, kept: list[int], n_paths: int) -> None:
-        """Keep the first `base` cached tokens and then the cache positions `kept` (one path)."""
-        if n_paths == 1:  # the path follows the prefix contiguously: rolling back is moving a length
-            model.truncate(min(model.cache_length, base + len(kept)))
-        else:
-            model.keep(list(range(min(base, model.cache_length))) + kept)
+
+@dataclass
+class ScoredBlock:
+    """A drafted block and the decoder's one pass over it (`score_block`)."""
+
+    block: DraftBlock
+    tree: PrefixTree  # the block's paths merged by common prefix: the nodes the pass fed
+    logits: torch.Tensor  # [N+1, V] the decoder's logits at the root (last committed token) and at each tree node
+    fed: int  # tokens the pass processed: the committed tokens the cache lacked, then the tree nodes
+    sampling: SamplingConfig
+
+    @cached_property
+    def p(self) -> torch.Tensor:
+        """Return the processed law (float64) sampled from at every path position, `[K, γ'+1, V]` (computed on
+        first use, so that the loop times it as verification, not as the decoder's pass)."""
+        return self.per_path(process_logits(self.logits, self.sampling))
+
+    def per_path(self, node_rows: torch.Tensor) -> torch.Tensor:
+        """Return rows `[N+1, ...]` of the root and the tree nodes laid out per path, `[K, γ'+1, ...]`."""
+        return path_rows(node_rows, self.tree)
+
+
+def score_block(decoder: CausalLM, tokens: list[int], block: DraftBlock, sampling: SamplingConfig) -> ScoredBlock:
+    """Run the decoder once over the committed `tokens` its cache lacks plus the draft paths of `block`; return
+    the logits with, through `.p`, the processed law `[K, γ'+1, V]` (row i of path k: after its first i tokens).
+
+    The cache must lack at least the last committed token (the root's logits); `roll_back` restores that."""
+    logits, tree, fed = tree_pass(decoder, tokens, block)
+    return ScoredBlock(block, tree, logits, fed, sampling)
+
+
+def roll_back(decoder: CausalLM, draft_model: CausalLM | None, base: int, scored: ScoredBlock, path: int,
+              accepted: int) -> None:
+    """Roll both caches back to the committed tokens they saw: the first `base` (the tokens before the block),
+    then the first `accepted` draft tokens of `path`. A draft model that drafted nothing is left as it was."""
+    tree = scored.tree
+    _keep(decoder, base, [base + node for node in tree.node_of[path][:accepted]], tree.is_chain)
+    if draft_model is not None and scored.block.forwards:
+        _keep(draft_model, base, scored.block.positions[path][:accepted], tree.is_chain)
+
+
+def _keep(model: CausalLM, base: int, kept: list[int], chain: bool) -> None:
+    """Keep the first `base` cached tokens and then the cache positions `kept` (one path)."""
+    if chain:  # the path follows the prefix contiguously: rolling back is moving a length
+        model.truncate(min(model.cache_length, base + len(kept)))
+    else:
+        model.keep(list(range(min(base, model.cache_length))) + kept)
 
 
 def tree_pass(decoder: CausalLM, tokens: list[int], block: DraftBlock) -> tuple[torch.Tensor, PrefixTree, int]:
     """Run one decoder pass over the committed `tokens` its cache lacks plus the draft paths of `block`, merged into
-    a prefix tree (tree attention when K > 1); return (logits `[N+1, V]`: the root, then each tree node; the tree;
-    the number of tokens fed). The cache must lack at least the last committed token (the root's logits)."""
+    a prefix tree (tree attention unless the tree is a chain); return (logits `[N+1, V]`: the root, then each tree
+    node; the tree; the number of tokens fed). The cache must lack at least the last committed token."""
     base = len(tokens)
     tree = merge_paths(block.tokens)
     new = tokens[decoder.cache_length :]
-    if len(block.tokens) == 1:
-        logits = decoder.forward(new + block.tokens[0], n_logits=block.length + 1).logits  # [γ'+1, V]
-    else:
+    parents = None
+    if not tree.is_chain:
         parents = list(range(base - len(new) - 1, base - 1))  # the committed tokens continue the chain
         parents += [base - 1 if parent < 0 else base + parent for parent in tree.parents]
-        logits = decoder.forward(new + tree.tokens, n_logits=len(tree.tokens) + 1, parents=parents).logits
+    logits = decoder.forward(new + tree.tokens, n_logits=len(tree.tokens) + 1, parents=parents).logits
     return logits, tree, len(new) + len(tree.tokens)
 
 
 def path_rows(node_rows: torch.Tensor, tree: PrefixTree) -> torch.Tensor:
     """Return the rows `[N+1, ...]` of the root and the tree nodes (from `tree_pass`) laid out per path,
     `[K, γ'+1, ...]`: row i of path k is the node after its first i tokens (the multi-path contract)."""
-    if len(tree.node_of) == 1:
-        return node_rows.unsqueeze(0)  # one path: the nodes are the path
+    if tree.is_chain:
+        return node_rows.unsqueeze(0)  # the nodes are the path, in order
     rows = [[0] + [1 + node for node in nodes] for nodes in tree.node_of]
     return node_rows[torch.tensor(rows)]
-
-
-def position_leaks(
-    stop_rule: StopRule, block: DraftBlock, p_rows: torch.Tensor, reachable: int, lossless: bool
-) -> tuple[list[float], list[float | None]]:
-    """Return (TV(p, q), ε) at each drafted position of a SPRINTER round (`RoundTrace.tv_pq`, `.leak`).
-
-    ε = Σ_v a(v)·(q(v) − p(v))_+ with a(v) the verifier's decision had v been drawn (§3.3, `theory.leak`); the
-    position at `reachable` (the cap, or the room left before max_new_tokens) is verified whatever a says, and so is
-    every position of a lossless method: None there.
-    """
-    q_rows = block.q[0]  # [γ', V]
-    tv = (0.5 * (p_rows - q_rows).abs().sum(-1)).tolist()
-    if lossless:
-        return tv, [None] * len(tv)
-    leaks: list[float | None] = []
-    for i, hidden in enumerate(block.hiddens):
-        if i + 1 >= reachable:
-            leaks.append(None)
-            continue
-        leaks.append(leak(p_rows[i], q_rows[i], stop_rule.accept_mask(hidden, q_rows[i], i + 1)))
-    return tv, leaks
 
 
 def verify_block(method: Method, block: DraftBlock, p: torch.Tensor, generator: torch.Generator) -> MultiPathResult:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from verispec.engine import MULTIPATH_PATHS, DecodeConfig
+from verispec.config import MULTIPATH_PATHS, SETTINGS, DecodeConfig
 from verispec.models.fastpath import LINEAR_BACKENDS
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND
 from verispec.sampling import SamplingConfig
@@ -53,3 +53,14 @@ def add_decode_options(parser: argparse.ArgumentParser) -> None:
                         help="prompt lookup (ngram, hybrid): the longest context suffix looked up")
     parser.add_argument("--draft-vocab", type=int, default=DecodeConfig.draft_vocab,
                         help="N: the draft head covers only the N most frequent tokens (default: all)")
+
+
+def decode_config(args: argparse.Namespace) -> DecodeConfig:
+    """Return the DecodeConfig the options of `add_decode_options` describe. `--method` takes the bench's variant
+    syntax too (e.g. typical:epsilon=0.3,delta=0.09, `verispec.bench.variants`): its settings win over the options."""
+    from verispec.bench.variants import parse_method
+    from verispec.methods import METHODS
+
+    variant = parse_method(args.method, set(METHODS))
+    settings = {name: getattr(args, name) for name in SETTINGS if name != "method" and hasattr(args, name)}
+    return DecodeConfig(method=variant.name).with_settings(**(settings | variant.overrides))

@@ -34,12 +34,11 @@ def test_drafter_variants_run_in_the_bench(tiny_pair, tokenizer):
 def test_transformers_prompt_lookup_peer(tiny_pair, tokenizer):
     from verispec.bench.peers import peer_generate
     from verispec.engine import DecodeConfig
-    from verispec.sampling import SamplingConfig
 
     decoder = Decoder(tiny_pair["target"], tiny_pair["partial"])
     prompt = PROMPTS[0].text
     ours = decoder.generate(prompt, method="ar", max_new_tokens=16, chat_template=False)
-    peer = peer_generate(decoder, prompt, "hf-lookup", 3, SamplingConfig(), 16, 0, chat_template=False)
+    peer = peer_generate(decoder, prompt, "hf-lookup", DecodeConfig(gamma=3, max_new_tokens=16), chat_template=False)
     assert peer.tokens == ours.tokens  # greedy prompt lookup writes what the target writes
     rounds = peer.trace.rounds
     assert sum(r.emitted for r in rounds) == len(peer.tokens) and all(0 <= r.drafted <= 3 for r in rounds)

@@ -5,10 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verispec import Decoder
+from verispec import DecodeConfig, Decoder
 from verispec.bench.peers import peer_generate, rounds_from_calls, sampling_kwargs
 from verispec.errors import ConfigError
 from verispec.sampling import SamplingConfig
+
+
+def settings(gamma: int, sampling: SamplingConfig, max_new_tokens: int, seed: int) -> DecodeConfig:
+    """The settings a peer reads from a DecodeConfig (its method is verispec's, which a peer ignores)."""
+    return DecodeConfig(gamma=gamma, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed)
 
 GREEDY = SamplingConfig()
 PROMPT = "hello there, general"
@@ -22,14 +27,14 @@ def decoder(request, tiny_pair):
 def test_greedy_peers_reproduce_verispec_ar(decoder):
     ar = decoder.generate(PROMPT, method="ar", max_new_tokens=24)
     for method in ("hf-generate", "hf-assisted"):
-        peer = peer_generate(decoder, PROMPT, method, 4, GREEDY, 24, seed=0)
+        peer = peer_generate(decoder, PROMPT, method, settings(4, GREEDY, 24, 0))
         assert peer.tokens == ar.tokens, method
         assert peer.trace.generated == len(peer.tokens)
         assert peer.prompt_tokens == ar.prompt_tokens and peer.text == ar.text
 
 
 def test_hf_generate_trace_is_one_target_call_per_token(decoder):
-    peer = peer_generate(decoder, PROMPT, "hf-generate", 4, GREEDY, 16, seed=0)
+    peer = peer_generate(decoder, PROMPT, "hf-generate", settings(4, GREEDY, 16, 0))
     t = peer.trace
     assert t.target_calls == len(peer.tokens) and t.draft_calls == 0 and t.acceptance_rate is None
     assert t.rounds[0].fed == peer.prompt_tokens and all(r.fed == 1 for r in t.rounds[1:])
@@ -38,7 +43,7 @@ def test_hf_generate_trace_is_one_target_call_per_token(decoder):
 
 def test_hf_assisted_rounds_match_verispec_sd_at_greedy(decoder):
     sd = decoder.generate(PROMPT, method="sd", gamma=3, max_new_tokens=30)
-    peer = peer_generate(decoder, PROMPT, "hf-assisted", 3, GREEDY, 30, seed=0)
+    peer = peer_generate(decoder, PROMPT, "hf-assisted", settings(3, GREEDY, 30, 0))
     assert peer.tokens == sd.tokens
     ours = [(r.drafted, r.accepted, r.emitted, r.fed) for r in sd.trace.rounds]
     theirs = [(r.drafted, r.accepted, r.emitted, r.fed) for r in peer.trace.rounds]
@@ -53,7 +58,7 @@ def test_assistant_settings_are_restored(tiny_pair):
     decoder = Decoder(tiny_pair["target"], tiny_pair["same"])
     config = tiny_pair["same"].model.generation_config
     before = (config.num_assistant_tokens, config.num_assistant_tokens_schedule, config.assistant_confidence_threshold)
-    peer = peer_generate(decoder, PROMPT, "hf-assisted", 5, GREEDY, 12, seed=0)
+    peer = peer_generate(decoder, PROMPT, "hf-assisted", settings(5, GREEDY, 12, 0))
     after = (config.num_assistant_tokens, config.num_assistant_tokens_schedule, config.assistant_confidence_threshold)
     assert after == before
     assert peer.trace.acceptance_rate == 1.0  # same weights: every draft token accepted
@@ -64,10 +69,11 @@ def test_sampled_peers_are_seeded_and_leave_the_global_rng_alone(tiny_pair):
     decoder = Decoder(tiny_pair["target"], tiny_pair["partial"])
     sampling = SamplingConfig(temperature=1.0, top_k=10, top_p=0.9)
     state = torch.get_rng_state()
-    a = peer_generate(decoder, PROMPT, "hf-assisted", 4, sampling, 16, seed=5)
+    a = peer_generate(decoder, PROMPT, "hf-assisted", settings(4, sampling, 16, 5))
     assert torch.equal(torch.get_rng_state(), state)
-    assert peer_generate(decoder, PROMPT, "hf-assisted", 4, sampling, 16, seed=5).tokens == a.tokens
-    others = {tuple(peer_generate(decoder, PROMPT, "hf-generate", 4, sampling, 8, seed=s).tokens) for s in range(3)}
+    assert peer_generate(decoder, PROMPT, "hf-assisted", settings(4, sampling, 16, 5)).tokens == a.tokens
+    others = {tuple(peer_generate(decoder, PROMPT, "hf-generate", settings(4, sampling, 8, s)).tokens)
+              for s in range(3)}
     assert len(others) > 1
 
 
@@ -90,7 +96,7 @@ def test_rounds_rebuilt_from_forward_calls():
 
 def test_unknown_peer_is_an_error(decoder):
     with pytest.raises(ConfigError, match="unknown peer"):
-        peer_generate(decoder, PROMPT, "hf-beam", 4, GREEDY, 8, seed=0)
+        peer_generate(decoder, PROMPT, "hf-beam", settings(4, GREEDY, 8, 0))
 
 
 def test_tiny_temperatures_run_the_peers_greedily():

@@ -44,8 +44,8 @@ def test_bad_knobs_are_one_line_config_errors(label, message):
 class _Recorder:
     """A stand-in decoder that records what the bench asks it to generate."""
 
-    def generate(self, text, **kwargs):
-        self.kwargs = kwargs
+    def generate(self, text, config, **kwargs):
+        self.config, self.kwargs = config, kwargs
         return kwargs
 
 
@@ -57,8 +57,8 @@ def test_the_bench_passes_a_variants_knobs_and_the_stop_rule_to_the_decoder():
     recorder = _Recorder()
     config = BenchConfig(methods=["typical:epsilon=0.3,delta=inf"])
     decode_one(recorder, config, "typical:epsilon=0.3,delta=inf", Prompt("p", "text"), 0)
-    assert recorder.kwargs["method"] == "typical"
-    assert recorder.kwargs["knobs"]["typical_epsilon"] == 0.3 and recorder.kwargs["knobs"]["typical_delta"] == math.inf
+    assert recorder.config.method == "typical"  # the DecodeConfig whole, not its fields as keywords
+    assert recorder.config.typical_epsilon == 0.3 and recorder.config.typical_delta == math.inf
     assert recorder.kwargs["stop_text"] is None
     try:
         humaneval_problems()

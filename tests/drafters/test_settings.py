@@ -14,11 +14,8 @@ from verispec.errors import ConfigError
 def test_cli_flags_parse_into_the_decode_config(monkeypatch, capsys):
     seen = {}
 
-    def fake_generate(self, prompt, **kwargs):
-        seen["config"] = DecodeConfig(
-            method=kwargs["method"], gamma=kwargs["gamma"], paths=kwargs["paths"], drafter=kwargs["drafter"],
-            ngram_min=kwargs["ngram_min"], ngram_max=kwargs["ngram_max"], draft_vocab=kwargs["draft_vocab"],
-        )
+    def fake_generate(self, prompt, config=None, *, chat_template=True, stop_text=None, **settings):
+        seen["config"] = (config or DecodeConfig()).with_settings(**settings)  # what the CLI hands the API
         raise ConfigError("stop here")
 
     monkeypatch.setattr(api.Decoder, "generate", fake_generate)

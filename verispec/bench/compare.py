@@ -15,7 +15,9 @@ from verispec.bench.datasets import BUILTIN_PROMPTS, Prompt
 from verispec.bench.metrics import summarize
 from verispec.bench.runner import BenchConfig, run_bench
 from verispec.bench.tables import format_table
+from verispec.config import DecodeConfig
 from verispec.provenance import machine_description
+from verispec.sampling import SamplingConfig
 
 __all__ = ["BUILTIN_PROMPTS", "CompareConfig", "format_table", "machine_description", "run_compare", "summarize"]
 
@@ -26,12 +28,12 @@ class CompareConfig:
 
     methods: list[str] = field(default_factory=lambda: ["ar", "sd"])  # the first is the speedup baseline
     prompts: list[str] = field(default_factory=lambda: list(BUILTIN_PROMPTS))  # the prompt texts
-    gamma: int = 4  # draft tokens per round
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    max_new_tokens: int = 48  # per prompt, unless EOS comes first
-    seed: int = 0  # prompt i is decoded with seed + i
+    gamma: int = DecodeConfig.gamma  # draft tokens per round
+    temperature: float = SamplingConfig.temperature  # 0 = greedy
+    top_k: int = SamplingConfig.top_k  # 0 = off
+    top_p: float = SamplingConfig.top_p  # 1 = off
+    max_new_tokens: int = 48  # per prompt, unless EOS comes first (shorter than a decode's default: a quick job)
+    seed: int = DecodeConfig.seed  # prompt i is decoded with seed + i
     target: str | None = None  # None = the embedded default target
     draft: str | None = None  # None = the embedded default draft
     dtype: str = "float32"  # model weights

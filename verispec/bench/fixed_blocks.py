@@ -32,12 +32,12 @@ from verispec.bench.datasets import Prompt, load_prompts
 from verispec.bench.files import check_writable, write_atomically
 from verispec.bench.tables import with_ci
 from verispec.drafting import draft_paths
-from verispec.engine import path_rows, tree_pass
+from verispec.engine import DecodeConfig, score_block
 from verispec.errors import ConfigError
 from verispec.methods import get_method
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND
 from verispec.provenance import provenance
-from verispec.sampling import SamplingConfig, process_logits
+from verispec.sampling import SamplingConfig
 from verispec.stats import bootstrap_ratio
 
 SCHEMA = "verispec.fixed-blocks/1"
@@ -130,8 +130,7 @@ def context_rows(
     sampling = config.sampling()
     block = draft_paths(draft, context, config.draws, max(config.gammas), sampling, generator, eos_token_ids,
                         target.vocab_size)
-    logits, tree, _ = tree_pass(target, context, block)
-    p = path_rows(process_logits(logits, sampling), tree)  # [M, γ'+1, V]
+    p = score_block(target, context, block, sampling).p  # [M, γ'+1, V]
     tokens, q = block.as_tensor(), block.q  # [M, γ'], [M, γ', V]
     rows = []
     for label, name, gamma, k in config.labels():
@@ -191,11 +190,9 @@ def run_fixed_blocks(
     longest = (config.contexts - 1) * config.stride + 1  # tokens the trajectory needs to reach the last context
     for index, prompt in enumerate(tqdm(prompts, desc="fixed-blocks", unit="prompt", disable=not progress)):
         prompt_ids = decoder.encode_prompt(prompt.text, config.chat_template)
-        trajectory = decoder.generate(
-            prompt.text, method=TRAJECTORY_METHOD, gamma=TRAJECTORY_GAMMA, temperature=config.temperature,
-            top_k=config.top_k, top_p=config.top_p, max_new_tokens=longest, seed=config.seed + index,
-            chat_template=config.chat_template,
-        )
+        trajectory_config = DecodeConfig(method=TRAJECTORY_METHOD, gamma=TRAJECTORY_GAMMA, sampling=config.sampling(),
+                                         max_new_tokens=longest, seed=config.seed + index)
+        trajectory = decoder.generate(prompt.text, trajectory_config, chat_template=config.chat_template)
         generator = torch.Generator().manual_seed(config.seed + index + DRAW_SEED_OFFSET)
         draft.reset()
         target.reset()

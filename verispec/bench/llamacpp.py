@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from verispec.bench.peers import PeerGeneration
+from verispec.config import DecodeConfig
 from verispec.errors import ConfigError, VerispecError
 from verispec.models.hf import LLAMACPP_PREFIX
 from verispec.native import llamacpp_build
@@ -343,11 +344,12 @@ class LlamaCppPeers:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
-def llamacpp_generate(peers: LlamaCppPeers, decoder: Any, prompt: str, method: str, gamma: int,
-                      sampling: SamplingConfig, max_new_tokens: int, seed: int,
+def llamacpp_generate(peers: LlamaCppPeers, decoder: Any, prompt: str, method: str, config: DecodeConfig,
                       chat_template: bool = True) -> LlamaCppGeneration:
-    """Decode `prompt` with llama.cpp peer `method`: the prompt tokenized by `decoder` (as verispec's methods see
-    it), decoded by llama.cpp; return a `LlamaCppGeneration`."""
+    """Decode `prompt` with llama.cpp peer `method` under `config`'s γ, sampling, max_new_tokens and seed: the
+    prompt tokenized by `decoder` (as verispec's methods see it), decoded by llama.cpp; return a
+    `LlamaCppGeneration`."""
+    gamma, sampling, max_new_tokens, seed = config.gamma, config.sampling, config.max_new_tokens, config.seed
     prompt_ids = decoder.encode_prompt(prompt, chat_template)
     tokens, trace, report = peers.generate(method, prompt_ids, gamma, sampling, max_new_tokens, seed)
     eos = decoder.eos_token_ids("target")

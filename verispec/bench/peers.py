@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from verispec.api import Decoder
+from verispec.config import DecodeConfig
 from verispec.errors import ConfigError
 from verispec.limits import check_context
 from verispec.sampling import SamplingConfig
@@ -170,13 +171,12 @@ def peer_generate(
     decoder: Decoder,
     prompt: str,
     method: str,
-    gamma: int,
-    sampling: SamplingConfig,
-    max_new_tokens: int,
-    seed: int,
+    config: DecodeConfig,
     chat_template: bool = True,
 ) -> PeerGeneration:
-    """Decode `prompt` with peer `method` ("hf-generate" or "hf-assisted"); return a `PeerGeneration`."""
+    """Decode `prompt` with peer `method` ("hf-generate", "hf-assisted" or "hf-lookup") under `config`'s γ, sampling,
+    max_new_tokens and seed (its method is verispec's, not the peer's: ignored); return a `PeerGeneration`."""
+    gamma, sampling, max_new_tokens, seed = config.gamma, config.sampling, config.max_new_tokens, config.seed
     if method not in PEERS:
         raise ConfigError(f"unknown peer {method!r}; choose one of: {', '.join(PEERS)}")
     target = decoder.model("target")

@@ -44,7 +44,6 @@ from verispec.models.loading import DEFAULT_LINEAR_BACKEND
 from verispec.provenance import provenance
 from verispec.sampling import SamplingConfig
 from verispec.stats import default_baseline
-from verispec.verify.relaxed import RelaxedKnobs
 
 SCHEMA = "verispec.bench/1"
 DEFAULT_OUT = "results/bench.json"
@@ -131,25 +130,12 @@ def decode_one(decoder: Decoder, config: BenchConfig, method: str, prompt: Promp
     if name in LLAMACPP_PEERS:
         if llamacpp is None:
             raise ConfigError(f"{method} needs the llama.cpp peers' servers (run it through run_bench)")
-        return llamacpp_generate(llamacpp, decoder, prompt.text, name, settings.gamma, settings.sampling,
-                                 settings.max_new_tokens, settings.seed, config.chat_template)
+        return llamacpp_generate(llamacpp, decoder, prompt.text, name, settings, config.chat_template)
     if name in PEERS:
-        return peer_generate(peer_decoder or decoder, prompt.text, name, settings.gamma, settings.sampling,
-                             settings.max_new_tokens, settings.seed, config.chat_template)
-    s = settings.sampling
+        return peer_generate(peer_decoder or decoder, prompt.text, name, settings, config.chat_template)
     problem = execution_problem(prompt) if config.stop_at_function_end else None
-    return decoder.generate(prompt.text, method=name, gamma=settings.gamma, temperature=s.temperature,
-                            top_k=s.top_k, top_p=s.top_p, max_new_tokens=settings.max_new_tokens,
-                            seed=settings.seed, chat_template=config.chat_template, paths=settings.paths,
-                            cap=settings.cap, tau=settings.tau, drafter=settings.drafter,
-                            ngram_min=settings.ngram_min, ngram_max=settings.ngram_max,
-                            draft_vocab=settings.draft_vocab, knobs=relaxed_knobs(settings),
+    return decoder.generate(prompt.text, settings, chat_template=config.chat_template,
                             stop_text=function_end(problem) if problem is not None else None)
-
-
-def relaxed_knobs(settings: DecodeConfig) -> dict[str, float]:
-    """Return the lossy rules' knobs of `settings`, by DecodeConfig field name."""
-    return {name: getattr(settings, name) for name in RelaxedKnobs.__dataclass_fields__}
 
 
 def check_held_out(decoder: Decoder, config: BenchConfig, prompts: list[Prompt]) -> None:

@@ -28,6 +28,7 @@ class DraftRequest:
     eos_token_ids: frozenset[int]
     vocab_size: int  # V of the decoding model: q rows are [V]
     stop_rule: StopRule | None = None  # SPRINTER's learned verifier (model drafter only)
+    keep_hidden: bool = False  # keep the draft model's hidden state behind each q (`DraftBlock.hiddens`; one path)
 
 
 class Drafter(Protocol):

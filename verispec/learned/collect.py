@@ -17,10 +17,12 @@ from typing import Any
 
 import torch
 
+from verispec.drafters import DraftRequest, ModelDrafter
+from verispec.engine import roll_back, score_block
 from verispec.errors import ConfigError, IncompatibleModelsError, VerifierFileError
 from verispec.learned.verifier import entropy
 from verispec.models.protocol import CausalLM
-from verispec.sampling import SamplingConfig, process_logits, sample
+from verispec.sampling import SamplingConfig, sample
 
 DATA_FORMAT = "verispec-verifier-data"
 
@@ -180,50 +182,46 @@ def _trajectory(
     eos_ids: set[int],
     rows: _Rows,
 ) -> int:
-    """Append one prompt's rows to `rows`; return the draft hidden size. Caches: the draft holds `seq` fully, the
-    target at most len(seq) − 1 tokens, so its next pass starts at seq's last token and yields p(·|seq)."""
+    """Append one prompt's rows to `rows`; return the draft hidden size.
+
+    Each step is a decode round built from the engine's pieces: the model drafter proposes a run, `score_block`
+    gives p over it in one target pass, and `roll_back` returns both caches to the committed tokens. A run whose
+    every token is labelled 1 commits them all; its last token then plays the round's extra token (fed next)."""
     draft.reset()
     target.reset()
-    out = draft.forward(seq, 1, return_hidden=True)
-    position, done = 1, 0
+    drafter = ModelDrafter(draft)
+    position, done, hidden_size = 1, 0, 0
     while done < steps:
         k = min(block, steps - done)
         base = len(seq)
-        hiddens, qs, xs = [], [], []
-        for _ in range(k):  # 1. draft k tokens ahead from q, keeping the state that produced each q
-            assert out.hidden is not None, f"draft {draft.name!r} returned no hidden state"
-            q = process_logits(out.logits[-1], sampling)  # [V]
-            xs.append(sample(q, generator))
-            hiddens.append(out.hidden[-1])
-            qs.append(q)
-            out = draft.forward([xs[-1]], 1, return_hidden=True)
+        # 1. draft k tokens ahead from q, keeping the state that produced each q. No EOS ids: drafting goes on
+        # past an EOS, so the draws are those of drafting the whole run whatever the labels turn out to be.
+        run = drafter.propose(DraftRequest(seq, 1, k, sampling, generator, frozenset(), target.vocab_size,
+                                           keep_hidden=True))
         # 2. one target pass: p(·|seq + x_<i) for i = 1..k+1
-        p = process_logits(target.forward(seq[target.cache_length:] + xs, n_logits=k + 1).logits, sampling)  # [k+1,V]
-        cut, finished = None, False
+        scored = score_block(target, seq, run, sampling)
+        p, qs, xs = scored.p[0], run.q[0], run.tokens[0]  # [k+1, V], [k, V], [k]
+        hidden_size = int(run.hiddens[0].shape[-1])
+        accepted, committed, finished = k - 1, xs[-1], False
         for i, x in enumerate(xs):  # 3. label each token; the trajectory leaves the draft at the first label 0
             q_x, p_x = float(qs[i][x]), float(p[i][x])
             label = q_x <= lam * p_x
             committed = x if label else sample(p[i], generator)
-            rows.add(hidden=hiddens[i], token=x, q_x=q_x, p_x=p_x, q_entropy=float(entropy(qs[i])),
+            rows.add(hidden=run.hiddens[i], token=x, q_x=q_x, p_x=p_x, q_entropy=float(entropy(qs[i])),
                      tv=0.5 * float((p[i] - qs[i]).abs().sum()), position=position, label=int(label),
                      committed=committed, temperature=sampling.temperature, prompt_id=prompt_id, step=done)
             done += 1
             position = position + 1 if label and position < cap else 1
             finished = committed in eos_ids
             if not label or finished:
-                cut = i
+                accepted = i
                 break
-        if cut is None:
-            seq += xs
-        else:
-            seq += xs[:cut] + [committed]
-            if finished:
-                break
-            # 4. roll the draft back past the rejected token and feed the target's token instead
-            draft.truncate(base + cut)
-            out = draft.forward([committed], 1, return_hidden=True)
-        target.truncate(len(seq) - 1)
-    return int(out.hidden.shape[-1]) if out.hidden is not None else 0
+        seq += xs[:accepted] + [committed]
+        if finished:
+            break
+        # 4. roll both caches back to the committed tokens before the last one, which the next round feeds
+        roll_back(target, draft, base, scored, 0, accepted)
+    return hidden_size
 
 
 def save_dataset(path: str | Path, data: VerifierData, manifest: dict[str, Any] | None = None) -> Path:

@@ -14,14 +14,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from verispec.api import Decoder
-    from verispec.engine import DecodeConfig
-    from verispec.sampling import SamplingConfig
+    from verispec.options import decode_config
     from verispec.serve import create_app
 
-    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    defaults = DecodeConfig(method=args.method, gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-                            sampling=sampling, seed=args.seed, paths=args.paths, cap=args.cap, tau=args.tau)
-    config = ServeConfig(defaults=defaults, model_name=args.model_name, max_queue=args.max_queue,
+    config = ServeConfig(defaults=decode_config(args), model_name=args.model_name, max_queue=args.max_queue,
                          time_limit=args.time_limit)
     decoder = Decoder(args.target, args.draft, dtype=args.dtype, verifier=args.verifier,
                       linear_backend=args.linear_backend, draft_dtype=args.draft_dtype)

@@ -7,7 +7,6 @@ Fields of the OpenAI API that verispec does not implement are ignored, except `n
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -15,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from verispec.engine import DecodeConfig
 from verispec.errors import ConfigError
-from verispec.sampling import SamplingConfig
 
 
 class APIError(Exception):
@@ -126,20 +124,14 @@ def settings(request: _Common, defaults: DecodeConfig) -> Settings:
         raise APIError(400, "stop must be up to 4 non-empty strings", param="stop")
     options = request.verispec or VerispecOptions()
     max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
-    base = defaults.sampling
+    requested = {
+        "method": options.method, "gamma": options.gamma, "paths": options.paths, "tau": options.tau,
+        "seed": request.seed, "max_new_tokens": max_tokens, "temperature": request.temperature,
+        "top_k": options.top_k, "top_p": request.top_p,
+    }
     try:
-        sampling = SamplingConfig(
-            temperature=_pick(request.temperature, base.temperature), top_k=_pick(options.top_k, base.top_k),
-            top_p=_pick(request.top_p, base.top_p),
-        )
-        # A request that names another method without K gets that method's default K (DecodeConfig's None).
-        default_paths = defaults.paths if options.method in (None, defaults.method) else None
-        config = dataclasses.replace(
-            defaults, method=_pick(options.method, defaults.method), gamma=_pick(options.gamma, defaults.gamma),
-            paths=_pick(options.paths, default_paths), tau=_pick(options.tau, defaults.tau),
-            seed=_pick(request.seed, defaults.seed), max_new_tokens=_pick(max_tokens, defaults.max_new_tokens),
-            sampling=sampling,
-        )
+        # A request that names another method without K gets that method's default K (`with_settings`).
+        config = defaults.with_settings(**{name: value for name, value in requested.items() if value is not None})
     except ConfigError as exc:
         message = str(exc)
         param = next((p for prefix, p in _PARAMS.items() if message.startswith(prefix)), None)

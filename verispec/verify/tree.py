@@ -38,15 +38,17 @@ class TreeNode:
         return Counter(self.draws)
 
 
-PrefixTree = dict[tuple[int, ...], TreeNode]  # prefix (a token tuple) -> node; the root is ()
+# The verifiers' view of the prefix tree: prefix (a token tuple) -> node, the root is (). The model's view, the nodes
+# in the order a tree-attention pass feeds them, is `verispec.drafting.PrefixTree`.
+NodesByPrefix = dict[tuple[int, ...], TreeNode]
 
 
-def build_prefix_tree(draft_tokens: torch.Tensor) -> PrefixTree:
+def build_prefix_tree(draft_tokens: torch.Tensor) -> NodesByPrefix:
     """Return the prefix tree of the K paths `[K, γ]`: identical prefixes merge into one node (§2.1)."""
     assert draft_tokens.dim() == 2, f"draft_tokens must be [K, gamma], got {tuple(draft_tokens.shape)}"
     paths = [tuple(row) for row in draft_tokens.tolist()]
     gamma = draft_tokens.shape[1]
-    tree: PrefixTree = {}
+    tree: NodesByPrefix = {}
     for depth in range(gamma + 1):
         through: dict[tuple[int, ...], list[int]] = {}  # prefix -> indices of the paths through it, in order
         for k, path in enumerate(paths):

@@ -1,0 +1,104 @@
+"""`DecodeConfig`: the one carrier of a decode's settings from the CLI, the API, the bench and the server to the
+engine.
+
+Every entry point builds a `DecodeConfig` (its defaults are read from here, never restated) and passes it on whole.
+Users who prefer keywords give them to `DecodeConfig.with_settings`, which also takes the sampling settings
+(temperature, top_k, top_p) by name and names any setting it does not know.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from verispec.drafters import check_drafter_settings
+from verispec.errors import ConfigError
+from verispec.methods import get_method
+from verispec.sampling import SamplingConfig
+from verispec.verify.relaxed import RelaxedKnobs
+
+# K of a multi-path method when none is given: the best K of `gbv` on the dev-short prompts at T = 1 (BENCHMARKS.md
+# §5). At T = 0 the K paths are equal, so a multi-path method only pays for them.
+MULTIPATH_PATHS = 3
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Settings of one decode; the CLI and the API read their defaults from here."""
+
+    method: str = "sd"  # a name in verispec.methods.METHODS
+    gamma: int = 4  # draft tokens per round (speculative methods); the path length for multi-path methods
+    max_new_tokens: int = 128  # generation stops after exactly this many tokens unless EOS comes first
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    seed: int = 0  # seeds the one torch.Generator used for every draw of the decode
+    paths: int | None = None  # K i.i.d. draft paths per round; None = 1, or MULTIPATH_PATHS for multi-path methods
+    cap: int = 20  # SPRINTER: the longest draft run before the target is called (§3.1)
+    tau: float | None = None  # SPRINTER: the verifier's acceptance threshold; None = the one stored in its file
+    drafter: str = "model"  # a name in verispec.drafters.DRAFTERS: model | ngram | hybrid
+    ngram_min: int = 2  # prompt lookup: the shortest suffix of the context looked up
+    ngram_max: int = 4  # prompt lookup: the longest suffix looked up (the longest match wins)
+    draft_vocab: int | None = None  # N: the draft model's head covers only the N most frequent tokens; None = all
+    # Lossy relaxed-acceptance rules (verify/relaxed.py, docs/algorithms.md §6.2); defaults are deployed settings.
+    typical_epsilon: float = RelaxedKnobs.typical_epsilon  # typical: keep x when p̃(x) > min(ε, δ·e^{−H(p̃)})
+    typical_delta: float = RelaxedKnobs.typical_delta  # typical: δ (inf: the threshold is ε alone)
+    margin_delta: float = RelaxedKnobs.margin_delta  # margin: keep x when log p̃(x) > max log p̃ − Δ (nats)
+    fuzzy_threshold: float = RelaxedKnobs.fuzzy_threshold  # fuzzy: keep while JS(p, q) < θ (nats, ≤ ln 2)
+    fly_entropy: float = RelaxedKnobs.fly_entropy  # fly: entropy gate θ on p̃'s top-k (nats)
+    fly_window: int = RelaxedKnobs.fly_window  # fly: W draft tokens that must pass to keep a rejected one (< gamma)
+    fly_top_k: int = RelaxedKnobs.fly_top_k  # fly: k of the entropy gate
+
+    def __post_init__(self) -> None:
+        method = get_method(self.method)
+        if not isinstance(self.gamma, int) or isinstance(self.gamma, bool) or self.gamma < 1:
+            raise ConfigError(f"gamma (draft length) must be an integer >= 1, got {self.gamma!r}")
+        if self.paths is None:
+            object.__setattr__(self, "paths", MULTIPATH_PATHS if method.multipath else 1)  # frozen: set once here
+        if not isinstance(self.paths, int) or isinstance(self.paths, bool) or self.paths < 1:
+            raise ConfigError(f"paths (K) must be an integer >= 1, got {self.paths!r}")
+        if self.paths > 1 and not method.multipath:
+            raise ConfigError(f"method {self.method!r} verifies a single path; paths must be 1, got {self.paths}")
+        if self.paths == 1 and method.multipath:
+            # One path would silently run a single-path rule at the multi-path rule's cost (tree bookkeeping).
+            hint = "with one path it is block verification: use --method bv" if self.method == "gbv" else (
+                "for a single path use sd or bv")
+            raise ConfigError(f"method {self.method!r} needs paths >= 2 ({hint})")
+        if not isinstance(self.cap, int) or isinstance(self.cap, bool) or self.cap < 1:
+            raise ConfigError(f"cap (the longest SPRINTER draft run) must be an integer >= 1, got {self.cap!r}")
+        if self.tau is not None and not (isinstance(self.tau, (int, float)) and 0.0 <= self.tau <= 1.0):
+            raise ConfigError(f"tau (the verifier threshold) must be in [0, 1], got {self.tau!r}")
+        self.relaxed_knobs()  # validates the lossy rules' knobs
+        if self.method == "fly" and self.fly_window >= self.gamma:
+            raise ConfigError(f"fly_window (W) must be < gamma ({self.gamma}): a deferred rejection is confirmed by "
+                              f"the W draft tokens after it, got {self.fly_window}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if not isinstance(self.seed, int):
+            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        check_drafter_settings(self, method)
+
+    def relaxed_knobs(self) -> RelaxedKnobs:
+        """Return the lossy rules' knobs (validated; ConfigError names a knob out of range)."""
+        return RelaxedKnobs(**{name: getattr(self, name) for name in RelaxedKnobs.__dataclass_fields__})
+
+    def with_settings(self, **settings: Any) -> DecodeConfig:
+        """Return this configuration with `settings` changed (validated): DecodeConfig field names, the sampling
+        settings by name (temperature, top_k, top_p) and the lossy rules' knobs (typical_epsilon, ...). A setting
+        of another name is a ConfigError that names it and lists the valid ones. Naming another method without
+        `paths` gives that method's default K, as a fresh DecodeConfig would."""
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise ConfigError(f"unknown decode setting(s) {', '.join(unknown)}; the settings are: "
+                              f"{', '.join(SETTINGS)}")
+        sampled = {name: settings.pop(name) for name in SAMPLING_SETTINGS if name in settings}
+        if sampled:
+            sampling = settings.get("sampling", self.sampling)
+            settings["sampling"] = dataclasses.replace(sampling, **sampled)
+        if settings.get("method", self.method) != self.method and "paths" not in settings:
+            settings["paths"] = None  # this K was the old method's; None resolves the new method's default
+        return dataclasses.replace(self, **settings) if settings else self
+
+
+SAMPLING_SETTINGS = tuple(f.name for f in dataclasses.fields(SamplingConfig))  # temperature, top_k, top_p
+# Every name `DecodeConfig.with_settings` (and so `Decoder.generate(**settings)`) takes.
+SETTINGS = (*(f.name for f in dataclasses.fields(DecodeConfig)), *SAMPLING_SETTINGS)
