@@ -49,7 +49,7 @@ from typing import Any
 from verispec.bench.peers import PeerGeneration
 from verispec.config import DecodeConfig
 from verispec.errors import ConfigError, VerispecError
-from verispec.models.hf import LLAMACPP_PREFIX
+from verispec.models.llamacpp import gguf_file
 from verispec.native import llamacpp_build
 from verispec.sampling import SamplingConfig
 from verispec.trace import RoundTrace, Trace
@@ -77,26 +77,6 @@ def require_built() -> Path:
     if not path.exists():
         raise ConfigError(f"the llama.cpp peers need llama.cpp's {SERVER_BINARY}, not built at {path}: run "
                           f"`make peers` first")
-    return path
-
-
-def gguf_file(spec: str | None, role: str) -> Path:
-    """Return the GGUF file llama.cpp runs for `role`: the default pair's cached file, or `spec` when it is one
-    (with or without the `llamacpp:` prefix of verispec's own llama.cpp backend)."""
-    if spec is not None:
-        spec = spec.removeprefix(LLAMACPP_PREFIX) or None
-    if spec is None or spec == "default":
-        from verispec.models.default_pair import DEFAULT_PAIR, gguf_path
-
-        path = gguf_path(DEFAULT_PAIR[role])
-        if not path.exists():
-            raise ConfigError(f"the default {role} GGUF is not assembled at {path}: run `make models` first")
-        return path
-    path = Path(spec).expanduser()
-    if path.suffix != ".gguf":
-        raise ConfigError(f"the llama.cpp peers run GGUF files; the {role} {spec!r} is not a .gguf file")
-    if not path.is_file():
-        raise ConfigError(f"the {role} GGUF {path} does not exist")
     return path
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from verispec.errors import ConfigError, ModelFilesError
+from verispec.models.hf import LLAMACPP_PREFIX
 from verispec.models.protocol import ForwardOutput
 from verispec.native import llamacpp_build
 
@@ -140,6 +141,26 @@ class LlamaCppModel:
         self.close()
 
 
+def gguf_file(spec: str | None, role: str) -> Path:
+    """Return the GGUF file llama.cpp runs for `role`: the default pair's cached file (`spec` None or "default"),
+    or `spec` itself, with or without the `llamacpp:` prefix; ConfigError naming the problem otherwise."""
+    from verispec.models.default_pair import DEFAULT_PAIR, gguf_path
+
+    if spec is not None:
+        spec = spec.removeprefix(LLAMACPP_PREFIX) or None
+    if spec is None or spec == "default":
+        path = gguf_path(DEFAULT_PAIR[role])
+        if not path.exists():
+            raise ConfigError(f"the default {role} GGUF is not assembled at {path}: run `make models` first")
+        return path
+    path = Path(spec).expanduser()
+    if path.suffix != ".gguf":
+        raise ConfigError(f"llama.cpp runs GGUF files; the {role} {spec!r} is not a .gguf file")
+    if not path.is_file():
+        raise ConfigError(f"the {role} GGUF {path} does not exist")
+    return path
+
+
 def load_llamacpp_model(spec: str | None, role: str, threads: int | None = None) -> LlamaCppModel:
     """Return the model named by `spec` (None or "default": the embedded pair's GGUF for `role`; else a .gguf file)
     run by llama.cpp, with its Hugging Face tokenizer and the pair's vocabulary width."""
@@ -147,20 +168,15 @@ def load_llamacpp_model(spec: str | None, role: str, threads: int | None = None)
 
     from transformers import AutoTokenizer, GenerationConfig
 
-    from verispec.models.default_pair import DEFAULT_PAIR, gguf_path, prepare
+    from verispec.models.default_pair import DEFAULT_PAIR, prepare
 
-    if spec is None or spec == "default":
-        embedded = DEFAULT_PAIR[role]
-        folder = prepare(embedded)  # the converted copy holds the tokenizer and the config
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    path = gguf_file(spec, role)
+    if spec is None or spec.removeprefix(LLAMACPP_PREFIX) in ("", "default"):
+        folder = prepare(DEFAULT_PAIR[role])  # the converted copy holds the tokenizer and the config
         vocab = json.loads((Path(folder) / "config.json").read_text())["vocab_size"]
-        model = LlamaCppModel(gguf_path(embedded), embedded.upstream, tokenizer, vocab, threads)
+        model = LlamaCppModel(path, DEFAULT_PAIR[role].upstream, AutoTokenizer.from_pretrained(str(folder)), vocab,
+                              threads)
         model.generation_config = GenerationConfig.from_pretrained(str(folder))
         return model
-    path = Path(spec).expanduser()
-    if path.suffix != ".gguf":
-        raise ConfigError(f"the llama.cpp backend runs GGUF files; the {role} {spec!r} is not a .gguf file")
-    if not path.is_file():
-        raise ModelFilesError(f"GGUF file {path} does not exist")
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return LlamaCppModel(path, spec, tokenizer, None, threads)
+    return LlamaCppModel(path, str(spec), tokenizer, None, threads)
