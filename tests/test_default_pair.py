@@ -70,3 +70,12 @@ def test_onednn_fast_path_matches_transformers_linears(decoder):
     b = reference.forward(ids, n_logits=5).logits
     assert (a - b).abs().max() < 1e-3
     assert (a.argmax(-1) == b.argmax(-1)).all()
+
+
+def test_sprinter_runs_with_the_packaged_verifier_on_a_fresh_install(decoder):
+    gen = decoder.generate(PROMPTS[0], method="sprinter", max_new_tokens=24)
+    assert len(gen.tokens) == 24 or gen.stopped_at_eos
+    assert gen.verifier["file"].endswith("Qwen--Qwen2.5-Coder-0.5B-Instruct.safetensors")
+    assert gen.verifier["draft_model"] == DEFAULT_PAIR["draft"].upstream and 0 < gen.verifier["threshold"] < 1
+    # the verifier ended the draft runs: fewer target calls than tokens, and runs of more than one token
+    assert gen.trace.target_calls < len(gen.tokens)

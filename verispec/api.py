@@ -32,6 +32,7 @@ class Generation:
     stopped_at_eos: bool
     config: DecodeConfig
     trace: Trace
+    verifier: dict[str, Any] | None = None  # SPRINTER's verifier file and threshold, for methods that have one
 
     def to_dict(self) -> dict[str, Any]:
         """Return the generation, its configuration and the whole trace as a JSON-able dict."""
@@ -42,7 +43,7 @@ class Generation:
             "stopped_at_eos": self.stopped_at_eos,
             "config": asdict(self.config),
             "trace": self.trace.to_dict(),
-        }
+        } | ({"verifier": self.verifier} if self.verifier is not None else {})
 
 
 class Decoder:
@@ -78,6 +79,7 @@ class Decoder:
         # The draft may run in a cheaper dtype: every lossless method keeps the target's law whatever q is.
         self.draft_dtype = draft_dtype if draft_dtype is not None else dtype
         self._verifier_spec = verifier  # a LearnedVerifier file path (loaded on first use) or object
+        self._verifier_file: str | None = None  # the file it came from, once loaded
         self._specs = {"target": target, "draft": draft}
         self._models: dict[str, HFCausalLM] = {
             role: spec for role, spec in self._specs.items() if isinstance(spec, HFCausalLM)
@@ -121,17 +123,34 @@ class Decoder:
         return self._reduced_drafts[n]
 
     def verifier(self) -> Any:
-        """Return SPRINTER's learned verifier, loaded (and checked against the draft model) on first use."""
-        if self._verifier_spec is None:
-            raise ConfigError("SPRINTER methods need a learned verifier: pass verifier=FILE (CLI: --verifier FILE)")
-        if isinstance(self._verifier_spec, (str, Path)):
-            from verispec.learned.verifier import LearnedVerifier
+        """Return SPRINTER's learned verifier, loaded (and checked against the draft model) on first use: the file
+        given, else the one verispec ships for the draft model (`verispec.learned.verifier.PACKAGED_DIR`)."""
+        if self._verifier_spec is None or isinstance(self._verifier_spec, (str, Path)):
+            from verispec.learned.verifier import LearnedVerifier, packaged_verifier_path
 
             draft = self.model("draft")
-            self._verifier_spec = LearnedVerifier.load(
-                self._verifier_spec, expected_draft=draft.name, expected_hidden_size=draft.model.config.hidden_size
-            )
+            hidden_size = getattr(getattr(getattr(draft, "model", None), "config", None), "hidden_size", None)
+            if hidden_size is None:
+                raise ConfigError(f"SPRINTER's verifier reads the draft's hidden states, and the draft {draft.name!r} "
+                                  f"({getattr(draft, 'linear_kernel', 'this backend')}) gives none: use a torch draft")
+            path = self._verifier_spec or packaged_verifier_path(draft.name)
+            if path is None:
+                raise ConfigError(f"SPRINTER methods need a learned verifier for the draft {draft.name!r}, and none "
+                                  f"ships for it: train one (`verispec verifier collect`, then `train`) and pass "
+                                  f"verifier=FILE (CLI: --verifier FILE)")
+            self._verifier_spec = LearnedVerifier.load(path, expected_draft=draft.name,
+                                                       expected_hidden_size=hidden_size)
+            self._verifier_file = str(path)
         return self._verifier_spec
+
+    def verifier_used(self, config: DecodeConfig) -> dict[str, Any] | None:
+        """Return which verifier file and threshold a decode with `config` runs (None for a method without one)."""
+        if not get_method(config.method).learned_stop:
+            return None
+        verifier = self.verifier()
+        threshold = verifier.threshold if config.tau is None else config.tau
+        return {"file": self._verifier_file, "threshold": threshold,
+                "features": verifier.features, "draft_model": verifier.draft_model}
 
     @property
     def tokenizer(self) -> Any:
@@ -199,7 +218,8 @@ class Decoder:
                 return stop_text(self.tokenizer.decode(new, skip_special_tokens=True))
         out = engine.decode(prompt_ids, config, on_commit)
         text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)
-        return Generation(text, out.tokens, len(prompt_ids), out.stopped_at_eos, config, out.trace)
+        return Generation(text, out.tokens, len(prompt_ids), out.stopped_at_eos, config, out.trace,
+                          self.verifier_used(config))
 
 
 def resolve_config(config: DecodeConfig | None, settings: Mapping[str, Any]) -> DecodeConfig:

@@ -37,6 +37,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stats = f"[{args.method}] {t.generated} tokens in {t.time_total:.2f} s ({t.generated / t.time_total:.2f} tok/s)"
         if t.acceptance_rate is not None:
             stats += f", acceptance {t.acceptance_rate:.3f}, {t.tokens_per_target_call:.2f} tokens/target call"
+        if gen.verifier is not None:
+            stats += f", verifier {gen.verifier['file']} at tau {gen.verifier['threshold']:.3f}"
         print(stats, file=sys.stderr)
     return 0
 

@@ -25,6 +25,9 @@ def test_matmul_params_of_the_tiny_qwen2_by_hand(tiny_pair):
     assert matmul_params(model.model) == 2 * per_layer + v * d  # 2 layers + LM head; embeddings excluded
     assert model_cost(model) == ModelCost(2 * per_layer + v * d, 2, 32)
     assert model_cost(model.model) == model_cost(model)
+    # a model without a torch module (llama.cpp's) is costed from its config: the same weights but the biases
+    without_module = type("ConfigOnly", (), {"model": None, "config": model.model.config})()
+    assert model_cost(without_module) == ModelCost(2 * per_layer + v * d - 2 * (d + 2 * kv), 2, 32)
 
 
 def test_matmul_params_counts_declared_shapes_and_tied_heads_once():

@@ -63,11 +63,26 @@ def matmul_params(module: torch.nn.Module) -> int:
     return total
 
 
+def config_matmul_params(config: Any) -> int:
+    """Return the matmul weights of a decoder-only transformer (Qwen2/Llama layout: q, k, v, o, a gated MLP, the
+    output layer; biases left out) from its config alone: for a model run outside torch (llama.cpp's)."""
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    return config.num_hidden_layers * (attention + 3 * hidden * config.intermediate_size) + config.vocab_size * hidden
+
+
 def model_cost(model: Any) -> ModelCost:
-    """Return the `ModelCost` of an `HFCausalLM` (or of a transformers model itself)."""
+    """Return the `ModelCost` of an `HFCausalLM` (or of a transformers model itself, or of a model without a torch
+    module that carries its transformers `config`, such as a llama.cpp one)."""
     module = model if isinstance(model, torch.nn.Module) else model.model
-    config = module.config
+    config = module.config if module is not None else model.config
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if module is None:
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return ModelCost(config_matmul_params(config), int(config.num_hidden_layers), int(heads * head_dim))
     layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None) or 0
     heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None) or 0
     hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or 0

@@ -72,6 +72,7 @@ class LlamaCppModel:
         self.name, self.tokenizer, self.path = name, tokenizer, path
         self.model = None  # no torch module: no hidden states
         self.generation_config: Any = None  # its EOS ids, when the model comes with one (the embedded pair does)
+        self.config: Any = None  # its transformers config, when known: the bench's FLOP counts read it
         self.gguf_vocab = int(self._lib.vs_n_vocab(self._handle))
         self.vocab_size = vocab_size or self.gguf_vocab
         if self.gguf_vocab > self.vocab_size:
@@ -166,7 +167,7 @@ def load_llamacpp_model(spec: str | None, role: str, threads: int | None = None)
     run by llama.cpp, with its Hugging Face tokenizer and the pair's vocabulary width."""
     import json
 
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from verispec.models.default_pair import DEFAULT_PAIR, prepare
 
@@ -177,6 +178,7 @@ def load_llamacpp_model(spec: str | None, role: str, threads: int | None = None)
         model = LlamaCppModel(path, DEFAULT_PAIR[role].upstream, AutoTokenizer.from_pretrained(str(folder)), vocab,
                               threads)
         model.generation_config = GenerationConfig.from_pretrained(str(folder))
+        model.config = AutoConfig.from_pretrained(str(folder))
         return model
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return LlamaCppModel(path, str(spec), tokenizer, None, threads)

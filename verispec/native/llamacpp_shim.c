@@ -9,11 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ggml-cpu.h"
 #include "llama.h"
 
 struct vs_model {
     struct llama_model * model;
     struct llama_context * ctx;
+    struct ggml_threadpool * threads;
     int32_t n_vocab;
     int32_t n_ctx;
     int32_t n_batch;
@@ -46,9 +48,21 @@ struct vs_model * vs_load(const char * path, int32_t n_ctx, int32_t n_batch, int
         llama_model_free(model);
         return NULL;
     }
+    /* A thread pool that sleeps as soon as a forward ends: the default one keeps its threads spinning for a while
+     * after each forward, which on a small CPU takes the cores from the torch model that runs next. */
+    struct ggml_threadpool_params tparams = ggml_threadpool_params_default(n_threads);
+    tparams.poll = 0;
+    struct ggml_threadpool * threads = ggml_threadpool_new(&tparams);
+    if (threads == NULL) {
+        llama_free(ctx);
+        llama_model_free(model);
+        return NULL;
+    }
+    llama_attach_threadpool(ctx, threads, threads);
     struct vs_model * handle = calloc(1, sizeof(struct vs_model));
     handle->model = model;
     handle->ctx = ctx;
+    handle->threads = threads;
     handle->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
     handle->n_ctx = (int32_t) llama_n_ctx(ctx);
     handle->n_batch = n_batch;
@@ -110,6 +124,7 @@ void vs_free(struct vs_model * handle) {
         return;
     }
     llama_free(handle->ctx);
+    ggml_threadpool_free(handle->threads);
     llama_model_free(handle->model);
     free(handle);
 }
