@@ -147,7 +147,7 @@ fixed_blocks() {  # fixed_blocks TEMPERATURE UPTO: exact E[τ] of every verifier
 llamacpp_run() {  # llamacpp_run SOURCE TEMPERATURE UPTO: verispec (int8 target, draft in llama.cpp) against llama.cpp
   sd_prompts "$1"
   bench "llamacpp-$1-T$2" "$3" "${PROMPTS[@]}" --temperature "$2" --linear-backend int8 --draft llamacpp:default \
-    --methods ar sd:gamma=4 sd:gamma=6 llamacpp-generate llamacpp-speculative --gamma 4 \
+    --methods ar sd:gamma=4 sd:drafter=hybrid llamacpp-generate llamacpp-speculative --gamma 4 \
     --compare-to llamacpp-generate
 }
 
