@@ -10,8 +10,8 @@
 #   multipath-T0.6 multipath-T1.0                         sd, bv and every multi-path verifier at K = 2..4, γ = 4, 8
 #   fixed-blocks-T0.6 fixed-blocks-T1.0                   every verifier's exact E[τ] on shared drafted blocks
 #   sprinter-T0 sprinter-T1                               SPRINTER's speed against quality (trains its verifier first)
-#   llamacpp-humaneval-T0 llamacpp-dev-T0                 against llama.cpp: the int8 target with llama.cpp's draft,
-#   llamacpp-humaneval-T1 llamacpp-dev-T1                 next to llama.cpp's own plain and speculative decoding
+#   llamacpp-draft-humaneval-T0 llamacpp-draft-dev-T0     against llama.cpp: the int8 target with llama.cpp's draft,
+#   llamacpp-draft-humaneval-T1 llamacpp-draft-dev-T1     next to llama.cpp's own plain and speculative decoding
 #   profile                                               the cost model's hardware profiles (oneDNN and torch linears)
 # UPTO runs that many prompts in all (default: the full size). Every bench run writes its results after each prompt
 # and resumes with `--resume`, so a run can stop (or be killed) and go on later, losing at most the prompt in
@@ -146,7 +146,7 @@ fixed_blocks() {  # fixed_blocks TEMPERATURE UPTO: exact E[τ] of every verifier
 
 llamacpp_run() {  # llamacpp_run SOURCE TEMPERATURE UPTO: verispec (int8 target, draft in llama.cpp) against llama.cpp
   sd_prompts "$1"
-  bench "llamacpp-$1-T$2" "$3" "${PROMPTS[@]}" --temperature "$2" --linear-backend int8 --draft llamacpp:default \
+  bench "llamacpp-draft-$1-T$2" "$3" "${PROMPTS[@]}" --temperature "$2" --linear-backend int8 --draft llamacpp:default \
     --methods ar sd:gamma=4 sd:drafter=hybrid llamacpp-generate llamacpp-speculative --gamma 4 \
     --compare-to llamacpp-generate
 }
@@ -169,10 +169,10 @@ case "$RUN" in
   sprinter-T1) sprinter_run 1 "${2:-40}" ;;
   draft-bf16-humaneval-T0) draft_bf16 humaneval "${2:-20}" ;;
   draft-bf16-dev-T0) draft_bf16 dev "${2:-20}" ;;
-  llamacpp-humaneval-T0) llamacpp_run humaneval 0 "${2:-20}" ;;
-  llamacpp-dev-T0) llamacpp_run dev 0 "${2:-20}" ;;
-  llamacpp-humaneval-T1) llamacpp_run humaneval 1 "${2:-20}" ;;
-  llamacpp-dev-T1) llamacpp_run dev 1 "${2:-20}" ;;
+  llamacpp-draft-humaneval-T0) llamacpp_run humaneval 0 "${2:-20}" ;;
+  llamacpp-draft-dev-T0) llamacpp_run dev 0 "${2:-20}" ;;
+  llamacpp-draft-humaneval-T1) llamacpp_run humaneval 1 "${2:-20}" ;;
+  llamacpp-draft-dev-T1) llamacpp_run dev 1 "${2:-20}" ;;
   profile) profiles ;;
   *) echo "unknown run: $RUN" >&2; exit 2 ;;
 esac
