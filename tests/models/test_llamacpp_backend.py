@@ -47,15 +47,24 @@ def test_real_backend_rolls_back_exactly_and_refuses_trees(tmp_path):
     ids = [750, 75698, 1445, 1648, 198, 262, 421, 308, 2651, 220, 16, 25]
     whole = model.forward(ids, n_logits=4).logits
     assert whole.shape == (4, model.vocab_size) and model.cache_length == len(ids)
-    model.truncate(8)  # roll back four tokens, feed them again: the same logits
+    model.reset()
+    model.forward(ids[:8])
+    fresh = model.forward(ids[8:], n_logits=4).logits
+    model.truncate(8)  # roll back four tokens, feed them again: what a fresh decode of the same feeds gives
     again = model.forward(ids[8:], n_logits=4).logits
-    assert torch.allclose(whole, again, atol=1e-4)
-    model.reset()  # one token at a time gives the logits of the batched feed to llama.cpp's float rounding
+    assert torch.equal(fresh, again) and model.cache_length == len(ids)
+    # feeds of other shapes agree to llama.cpp's rounding, which depends on the batch (it quantizes activations
+    # per block and keeps an f16 KV cache): seen up to 0.33 in a logit, 0.03 in total variation. The drafter
+    # reports the q it drew from, so this moves acceptance, never the output law.
+    def tv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (a.softmax(-1) - b.softmax(-1)).abs().sum(-1)
+
+    assert torch.equal(fresh.argmax(-1), whole.argmax(-1)) and bool((tv(fresh, whole) < 0.1).all())
+    model.reset()  # one token at a time: the batched feed's law, to the same rounding
     for token in ids[:-1]:
         model.forward([token])
     last = model.forward(ids[-1:]).logits
-    assert torch.allclose(last[0], whole[-1], atol=0.05)
-    assert int(last[0].argmax()) == int(whole[-1].argmax())
+    assert float(tv(last[0], whole[-1])) < 0.1 and int(last[0].argmax()) == int(whole[-1].argmax())
     with pytest.raises(ConfigError, match="one path"):
         model.forward([1, 2], parents=[len(ids) - 1, len(ids) - 1])
     with pytest.raises(ConfigError, match="hidden states"):
