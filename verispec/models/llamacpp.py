@@ -80,7 +80,6 @@ class LlamaCppModel:
         self.context = int(self._lib.vs_n_ctx(self._handle))
         self.linear_kernel = f"llama.cpp ({path.name}, {threads} threads)"
         self._length = 0
-        self._buffer = torch.empty(0)
 
     @property
     def cache_length(self) -> int:
@@ -103,13 +102,11 @@ class LlamaCppModel:
             raise ConfigError(f"the llama.cpp draft's context holds {self.context} tokens; this decode needs "
                               f"{self._length + n}")
         ids = (ctypes.c_int32 * n)(*[int(t) for t in tokens])
-        if self._buffer.numel() < n_logits * self.gguf_vocab:
-            self._buffer = torch.empty(n_logits * self.gguf_vocab, dtype=torch.float32)
-        status = self._lib.vs_forward(self._handle, ids, n, self._length, n_logits, self._buffer.data_ptr())
+        logits = torch.empty(n_logits, self.gguf_vocab, dtype=torch.float32)  # llama.cpp writes into it
+        status = self._lib.vs_forward(self._handle, ids, n, self._length, n_logits, logits.data_ptr())
         if status != 0:
             raise RuntimeError(f"llama.cpp's decode failed with status {status} at cache length {self._length}")
         self._length += n
-        logits = self._buffer[: n_logits * self.gguf_vocab].view(n_logits, self.gguf_vocab).clone()
         if self.gguf_vocab < self.vocab_size:  # tokens the GGUF lacks can never be drafted
             pad = torch.full((n_logits, self.vocab_size - self.gguf_vocab), float("-inf"))
             logits = torch.cat([logits, pad], dim=1)
@@ -169,10 +166,10 @@ def load_llamacpp_model(spec: str | None, role: str, threads: int | None = None)
 
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from verispec.models.default_pair import DEFAULT_PAIR, prepare
+    from verispec.models.default_pair import DEFAULT_PAIR, gguf_path, prepare
 
     path = gguf_file(spec, role)
-    if spec is None or spec.removeprefix(LLAMACPP_PREFIX) in ("", "default"):
+    if path == gguf_path(DEFAULT_PAIR[role]):  # the embedded model: its converted copy holds tokenizer and config
         folder = prepare(DEFAULT_PAIR[role])  # the converted copy holds the tokenizer and the config
         vocab = json.loads((Path(folder) / "config.json").read_text())["vocab_size"]
         model = LlamaCppModel(path, DEFAULT_PAIR[role].upstream, AutoTokenizer.from_pretrained(str(folder)), vocab,

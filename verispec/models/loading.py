@@ -45,7 +45,7 @@ def load_model(
         if draft_vocab is not None:
             raise ConfigError("draft_vocab slices a torch draft's output layer; a llama.cpp model computes every "
                               "token's logit: drop --draft-vocab or the llamacpp: prefix")
-        return load_llamacpp_model(spec.removeprefix(LLAMACPP_PREFIX) or None, role)
+        return load_llamacpp_model(spec, role)  # the prefix is read where GGUF files are resolved
     if spec is None or spec == DEFAULT:
         embedded = DEFAULT_PAIR[role]
         path, name = str(prepare(embedded)), embedded.upstream
