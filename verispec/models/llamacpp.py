@@ -170,7 +170,7 @@ def load_llamacpp_model(spec: str | None, role: str, threads: int | None = None)
 
     path = gguf_file(spec, role)
     if path == gguf_path(DEFAULT_PAIR[role]):  # the embedded model: its converted copy holds tokenizer and config
-        folder = prepare(DEFAULT_PAIR[role])  # the converted copy holds the tokenizer and the config
+        folder = prepare(DEFAULT_PAIR[role])
         vocab = json.loads((Path(folder) / "config.json").read_text())["vocab_size"]
         model = LlamaCppModel(path, DEFAULT_PAIR[role].upstream, AutoTokenizer.from_pretrained(str(folder)), vocab,
                               threads)
