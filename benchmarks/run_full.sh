@@ -12,6 +12,11 @@
 #   sprinter-T0 sprinter-T1                               SPRINTER's speed against quality (trains its verifier first)
 #   llamacpp-draft-humaneval-T0 llamacpp-draft-dev-T0     against llama.cpp: the int8 target with llama.cpp's draft,
 #   llamacpp-draft-humaneval-T1 llamacpp-draft-dev-T1     next to llama.cpp's own plain and speculative decoding
+#   lossy-humaneval-T0 lossy-humaneval-T1                 the lossy rules and SPRINTER against ar, sd and draft:
+#                                                         HumanEval pass@1 by execution, speed on the int8 path
+#   lookup-categories-T0 lookup-categories-T1             prompt lookup (ngram), the hybrid and the model drafter on
+#                                                         Spec-Bench's summarization and RAG prompts, against ar,
+#                                                         transformers' prompt lookup and llama.cpp's plain decoding
 #   profile                                               the cost model's hardware profiles (oneDNN and torch linears)
 # UPTO runs that many prompts in all (default: the full size). Every bench run writes its results after each prompt
 # and resumes with `--resume`, so a run can stop (or be killed) and go on later, losing at most the prompt in
@@ -151,6 +156,25 @@ llamacpp_run() {  # llamacpp_run SOURCE TEMPERATURE UPTO: verispec (int8 target,
     --compare-to llamacpp-generate
 }
 
+lossy_run() {  # lossy_run TEMPERATURE UPTO: each lossy rule at two knob values (bench/pareto.py SWEEPS) and the
+  # packaged SPRINTER verifier (trained at T = 0) at its threshold 0.667 and at the paper's 0.5, against the lossless references and the draft
+  # alone; whole functions (up to 384 tokens, stopped at the function's end), scored by running HumanEval's tests.
+  N=384 bench "lossy-humaneval-T$1" "$2" --prompts humaneval --subset-seed 0 --temperature "$1" --linear-backend int8 \
+    --stop-at-function-end --quality --compare-to sd:gamma=4 \
+    --methods ar draft sd:gamma=4 sprinter sprinter:tau=0.5 \
+              typical:epsilon=0.09,delta=0.3 typical:epsilon=0.03,delta=0.1 margin:delta=1 margin:delta=2 \
+              fuzzy:threshold=0.15 fuzzy:threshold=0.3 fly:entropy=0.3 fly:entropy=0.1
+  $V pareto "$OUT/lossy-humaneval-T$1.json" --fronts "$OUT/lossy-humaneval-T$1"
+}
+
+lookup_run() {  # lookup_run TEMPERATURE UPTO: the drafters on the long-context categories (int8 target, draft in
+  # llama.cpp; transformers' prompt lookup on its own linears, as users run it). Seed-1 order: no prompt of the
+  # SPRINTER verifiers' or the vocabulary ranking's development was chosen from it.
+  bench "lookup-categories-T$1" "$2" --prompts "$DEV" --category summarization rag --subset-seed 1 \
+    --temperature "$1" --linear-backend int8 --draft llamacpp:default --gamma 4 \
+    --methods ar sd:gamma=4 sd:drafter=ngram sd:drafter=hybrid hf-lookup llamacpp-generate
+}
+
 profiles() {  # the cost model's profiles: verispec's oneDNN linears, and transformers' own linears for the peers
   $V profile --out results/profile_cpu_fp32_onednn.json
   $V profile --linear-backend torch --out results/profile_cpu_fp32_torch.json
@@ -173,6 +197,10 @@ case "$RUN" in
   llamacpp-draft-dev-T0) llamacpp_run dev 0 "${2:-20}" ;;
   llamacpp-draft-humaneval-T1) llamacpp_run humaneval 1 "${2:-20}" ;;
   llamacpp-draft-dev-T1) llamacpp_run dev 1 "${2:-20}" ;;
+  lossy-humaneval-T0) lossy_run 0 "${2:-40}" ;;
+  lossy-humaneval-T1) lossy_run 1 "${2:-40}" ;;
+  lookup-categories-T0) lookup_run 0 "${2:-20}" ;;
+  lookup-categories-T1) lookup_run 1 "${2:-20}" ;;
   profile) profiles ;;
   *) echo "unknown run: $RUN" >&2; exit 2 ;;
 esac

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from verispec.bench.categories import render_by_category
 from verispec.bench.figures import save_figure
 from verispec.bench.files import read_results, shape_errors_named
 from verispec.bench.metrics import (
@@ -276,6 +277,8 @@ def render_markdown(results: dict[str, Any], profile: Any = None, peer_profile: 
         if baseline in cfg["methods"]:
             lines += ["", render_decode_split(results, baseline)]
         lines += ["", render_efficiency(results)]
+    if section := render_by_category(results):
+        lines += ["", section]
     if _has_quality_or_cost(results["aggregate"]):
         lines += ["", "## Quality and cost", "", format_table(results["aggregate"], QUALITY_COLUMNS), "", QUALITY_NOTE]
     online = [(m, figures) for m in cfg["methods"]
