@@ -156,14 +156,17 @@ llamacpp_run() {  # llamacpp_run SOURCE TEMPERATURE UPTO: verispec (int8 target,
     --compare-to llamacpp-generate
 }
 
-lossy_run() {  # lossy_run TEMPERATURE UPTO: each lossy rule at two knob values (bench/pareto.py SWEEPS) and the
-  # packaged SPRINTER verifier (trained at T = 0) at its threshold 0.667 and at the paper's 0.5, against the lossless references and the draft
-  # alone; whole functions (up to 384 tokens, stopped at the function's end), scored by running HumanEval's tests.
+lossy_run() {  # lossy_run TEMPERATURE UPTO: the lossy rules at their middle and loosest knob values (bench/pareto.py
+  # SWEEPS; the lossless end is `sd`) and the packaged SPRINTER verifier (trained at T = 0) at its threshold 0.667
+  # and at the paper's 0.5, against ar, sd and the draft alone; whole functions (up to 384 tokens, stopped at the
+  # function's end), scored by running HumanEval's tests. fuzzy runs at T > 0 only: at T = 0 p and q are point
+  # masses, JS(p, q) is 0 or ln 2, and every threshold below ln 2 decodes exactly as sd.
+  local fuzzy=()
+  [ "$1" != 0 ] && fuzzy=(fuzzy:threshold=0.15 fuzzy:threshold=0.3)
   N=384 bench "lossy-humaneval-T$1" "$2" --prompts humaneval --subset-seed 0 --temperature "$1" --linear-backend int8 \
     --stop-at-function-end --quality --compare-to sd:gamma=4 \
-    --methods ar draft sd:gamma=4 sprinter sprinter:tau=0.5 \
-              typical:epsilon=0.09,delta=0.3 typical:epsilon=0.03,delta=0.1 margin:delta=1 margin:delta=2 \
-              fuzzy:threshold=0.15 fuzzy:threshold=0.3 fly:entropy=0.3 fly:entropy=0.1
+    --methods ar draft sd:gamma=4 sprinter sprinter:tau=0.5 typical:epsilon=0.09,delta=0.3 \
+              typical:epsilon=0.03,delta=0.1 margin:delta=1 margin:delta=2 fly:entropy=0.1 "${fuzzy[@]}"
   $V pareto "$OUT/lossy-humaneval-T$1.json" --fronts "$OUT/lossy-humaneval-T$1"
 }
 
