@@ -166,3 +166,16 @@ def test_efficiency_gives_block_efficiency_and_time_per_token_with_intervals():
     assert gbv["other_seconds_per_token"] == pytest.approx((8.0 - 4 * 1.8) / 42)
     assert gbv["tokens_per_target_pass"] == pytest.approx((3 * 5 + 6) / 4)  # the one decode round a prompt
     assert "block_efficiency_vs" not in efficiency(records, ["bv"])[0]
+
+
+def test_the_speedup_per_answer_charges_a_method_for_longer_answers():
+    # sd writes 16 tokens where ar writes 8, at the same time per token: 1x per token, 0.5x per answer
+    def record(method, index, seconds, tokens):
+        trace = dict(rounds=[], generated=tokens, time_total=seconds, target_calls=tokens, draft_calls=0,
+                     time_draft=0.0, time_target=seconds, time_verify=0.0)
+        return dict(method=method, prompt_index=index, prompt_id=str(index), tokens=list(range(tokens)), trace=trace)
+
+    records = [r for i in range(3) for r in (record("ar", i, 1.0 + i, 8), record("sd", i, 2.0 * (1.0 + i), 16))]
+    sd = summarize(records, ["ar", "sd"], "ar", None, 200, 0)[1]
+    assert abs(sd["speedup"] - 1.0) < 1e-9
+    assert abs(sd["answer_speedup"] - 0.5) < 1e-9 and sd["answer_speedup_ci95"] == (0.5, 0.5)

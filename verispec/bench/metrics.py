@@ -5,7 +5,8 @@ Per method (notation of docs/algorithms.md §3.4; p = target, q = draft):
 * wall time per generated token = Σ time_total / Σ generated over the prompts (token-weighted);
 * speedup vs the baseline = (baseline seconds per token) / (method seconds per token), same prompts, with its 95%
   percentile-bootstrap interval over prompts (the baseline's and the method's decode of a prompt stay paired);
-  the estimator, the bootstrap and the default baseline are `verispec.stats`'s;
+  the estimator, the bootstrap and the default baseline are `verispec.stats`'s; the speedup per answer
+  (`answer_speedup`) is the same with each prompt's whole time in place of its time per token;
 * block efficiency = generated tokens / target calls (tokens per target call, E[N] when every call is a round).
   `efficiency` gives it and the wall time per token with 95% intervals (the same bootstrap over prompts, of the
   ratio of totals), and, against a comparison method, the paired ratio of block efficiencies with its interval;
@@ -114,6 +115,12 @@ def target_calls_and_tokens(trace: dict[str, Any]) -> tuple[float, int]:
     """Return (target calls, generated tokens) of a decode: as a `paired_speedup` part, the ratio of two methods'
     block efficiencies (tokens per target call), mine over base."""
     return trace["target_calls"], trace["generated"]
+
+
+def whole_answer(trace: dict[str, Any]) -> tuple[float, int]:
+    """Return (wall seconds, 1) of a whole decode: as a `paired_speedup` part, the ratio of the time each method took
+    to answer the same prompts, whatever the answers' lengths (a lossy rule that writes longer answers pays for it)."""
+    return trace["time_total"], 1
 
 
 def decode_rounds(trace: dict[str, Any]) -> tuple[float, int]:
@@ -247,6 +254,8 @@ def summarize(
         }
         shared = sorted(set(base) & set(by_method[method]))
         row["speedup"], row["speedup_ci95"] = paired_speedup(base, by_method[method], resamples, seed)
+        row["answer_speedup"], row["answer_speedup_ci95"] = paired_speedup(base, by_method[method], resamples, seed,
+                                                                           whole_answer)
         row.update({k: v for k, v in split_row.items() if k != "method"})
         if compare_to is not None:
             versus = paired_speedup(by_method[compare_to], by_method[method], resamples, seed)

@@ -60,6 +60,7 @@ def full_columns(compare_to: str | None = None) -> list[Column]:
 QUALITY_COLUMNS: list[Column] = [
     ("method", lambda r: str(r["method"])),
     ("scored prompts", lambda r: str(r.get("quality_prompts") or 0)),
+    ("speedup per answer [95% CI]", lambda r: with_ci(r, "answer_speedup", ".2f", suffix="x")),
     ("NLL/token [95% CI]", lambda r: with_ci(r, "nll_per_token", ".3f")),
     ("perplexity [95% CI]", lambda r: with_ci(r, "ppl", ".2f")),
     ("ROUGE-L vs ar [95% CI]", lambda r: with_ci(r, "rouge_l_vs_ar", ".3f", count=True)),
@@ -79,6 +80,8 @@ QUALITY_NOTE = (
     "of the raw logits: the model's perplexity, not that of the processed sampling law; EOS scored when it ended an "
     "output); perplexity = exp(NLL/token). ROUGE-L: LCS-based F1, vs the `ar` output of the same prompt and seed on "
     "token ids, vs reference answers on whitespace words; mean over the n prompts that have the comparison. "
+    "Speedup per answer: the baseline's total time over the method's on the same prompts, whatever the answers' "
+    "lengths (per token, a method that writes longer answers looks faster than it answers). "
     "pass@1: HumanEval problems whose output passes the problem's tests, run sandboxed (`verispec/bench/"
     "execution.py`), over the n problems scored. "
     "Intervals: 95% percentile bootstrap over prompts. `draft` (the draft alone) is the quality floor. FLOPs: "
