@@ -168,6 +168,7 @@ lossy_run() {  # lossy_run TEMPERATURE UPTO: the lossy rules at their middle and
     --methods ar draft sd:gamma=4 sprinter sprinter:tau=0.5 typical:epsilon=0.09,delta=0.3 \
               typical:epsilon=0.03,delta=0.1 margin:delta=1 margin:delta=2 fly:entropy=0.1 "${fuzzy[@]}"
   $V pareto "$OUT/lossy-humaneval-T$1.json" --fronts "$OUT/lossy-humaneval-T$1"
+  $V pareto "$OUT/lossy-humaneval-T$1.json" --x answer_speedup --fronts "$OUT/lossy-humaneval-T$1-per-answer"
 }
 
 lookup_run() {  # lookup_run TEMPERATURE UPTO: the drafters on the long-context categories (int8 target, draft in

@@ -96,7 +96,8 @@ def test_report_adds_the_quality_table_and_the_pareto_plot(tmp_path, monkeypatch
     markdown, md_path, _ = write_report(path)
     assert axes == ["nll_per_token", "rouge_l_vs_ar"]  # ROUGE-L vs one ar sample only at temperature 0
     assert "## Quality and cost" in markdown and format_table(results["aggregate"], QUALITY_COLUMNS) in markdown
-    draft_row = next(line for line in markdown.splitlines() if line.startswith("| draft | 5 | 3.400 ["))
+    draft_row = next(line for line in markdown.splitlines() if line.startswith("| draft | 5 | ")
+                     and "x [" in line.split("|")[3] and line.split("|")[4].startswith(" 3.400 ["))
     assert "0.440 [" in draft_row and ", n = 5 |" in draft_row and "| 1 | 1 |" in draft_row  # 1 GFLOP per token
     assert "95% percentile bootstrap over prompts" in markdown
     pareto = tmp_path / "results_pareto.png"
@@ -176,7 +177,7 @@ def test_cli_fronts_and_sweep(tmp_path, capsys, monkeypatch):
     path = tmp_path / "results.json"
     path.write_text(json.dumps(_results()))
     assert main(["pareto", str(path), "--fronts", str(tmp_path / "fronts")]) == 0
-    assert (tmp_path / "fronts" / "fronts.md").read_text().startswith("## Speed against quality")
+    assert (tmp_path / "fronts" / "fronts.md").read_text().startswith("## Speedup per token against quality")
     benched = []
     monkeypatch.setattr("verispec.bench.runner.run_bench",
                         lambda config, out, **kw: benched.append(config) or {"records": [], "aggregate": []})
@@ -184,3 +185,18 @@ def test_cli_fronts_and_sweep(tmp_path, capsys, monkeypatch):
     assert benched[0].methods == [*REFERENCES, *SWEEPS["margin"][1:], *SWEEPS["fuzzy"][1:]]
     assert main(["bench", "--sweep", "nope", "--out", str(tmp_path / "nope.json")]) == 2
     assert "no sweep for nope" in capsys.readouterr().err
+
+
+def test_the_speed_axis_can_be_the_time_per_answer():
+    from verispec.bench.pareto import front_table
+
+    results = _results(sd_seconds=1.5)  # sd writes 12 tokens where ar writes 4, in more time per prompt
+    per_token = {p.label: p for p in pareto_points([("", results)], "nll_per_token")}
+    per_answer = {p.label: p for p in pareto_points([("", results)], "nll_per_token", x="answer_speedup")}
+    ar_seconds, sd_seconds = sum(1.0 + 0.1 * i for i in range(5)), sum(1.5 + 0.02 * i for i in range(5))
+    assert per_token["sd"].speed > 2.0
+    assert per_answer["sd"].speed == pytest.approx(ar_seconds / sd_seconds) and per_answer["sd"].speed < 1.0
+    assert "| method | speedup per answer [95% CI] |" in front_table(list(per_answer.values()), "nll_per_token",
+                                                                      "answer_speedup")
+    with pytest.raises(ConfigError, match="speed axis"):
+        pareto_points([("", results)], "nll_per_token", x="tokens")

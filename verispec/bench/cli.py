@@ -95,12 +95,12 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     if args.fronts:
         from verispec.bench.pareto import write_fronts
 
-        markdown, paths = write_fronts(runs, args.fronts)
+        markdown, paths = write_fronts(runs, args.fronts, args.x)
         (Path(args.fronts) / "fronts.md").write_text(markdown)
         print(markdown)
         print("plots: " + ", ".join(str(p) for p in paths) + f"\ntables: {Path(args.fronts) / 'fronts.md'}")
         return 0
-    print(f"plot: {plot_pareto(runs, args.out, y=args.y)}")
+    print(f"plot: {plot_pareto(runs, args.out, y=args.y, x=args.x)}")
     return 0
 
 
@@ -271,12 +271,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "transformers peers are priced with it in the modelled section")
     p.set_defaults(func=cmd_report)
 
-    from verispec.bench.pareto import QUALITY_AXES
+    from verispec.bench.pareto import QUALITY_AXES, SPEED_AXES
 
     p = sub.add_parser("pareto", help="plot speedup vs quality (PNG) from results of `verispec bench --quality`")
     p.add_argument("results", nargs="+", help="results JSON files (e.g. one per SPRINTER threshold); labelled by name")
     p.add_argument("--y", default="rouge_l_vs_ar", choices=list(QUALITY_AXES),
                    help="quality axis (default: %(default)s)")
+    p.add_argument("--x", default="speedup", choices=list(SPEED_AXES),
+                   help="speed axis: per generated token, or answer_speedup, the whole time on the same prompts "
+                        "(a rule that writes longer answers pays for it) (default: %(default)s)")
     p.add_argument("--out", default="results/pareto.png", help="PNG path (default: %(default)s)")
     p.add_argument("--fronts", default=None, metavar="DIR",
                    help="instead, one front per quality axis the results hold: DIR/front_<axis>.png and the tables "

@@ -40,6 +40,8 @@ SWEEPS: dict[str, list[str]] = {
     "fuzzy": ["fuzzy:threshold=0", "fuzzy:threshold=0.05", "fuzzy:threshold=0.15", "fuzzy:threshold=0.3"],
     "fly": ["fly:entropy=1.1", "fly:entropy=0.6", "fly:entropy=0.3", "fly:entropy=0.1"],
 }
+# x key -> axis words: per generated token, or per answer (whole time on the same prompts, whatever the lengths)
+SPEED_AXES: dict[str, str] = {"speedup": "speedup per token", "answer_speedup": "speedup per answer"}
 REFERENCES = ("ar", "sd", "bv", "draft")  # the lossless references and the draft-only quality floor
 
 
@@ -64,18 +66,22 @@ class Point:
     quality_ci: tuple[float, float] | None  # its 95% interval
 
 
-def pareto_points(runs: Sequence[tuple[str, dict[str, Any]]], y: str = "rouge_l_vs_ar") -> list[Point]:
-    """Return the points of every aggregate row of every (label, results) run that has a speedup and a `y` value."""
+def pareto_points(runs: Sequence[tuple[str, dict[str, Any]]], y: str = "rouge_l_vs_ar",
+                  x: str = "speedup") -> list[Point]:
+    """Return the points of every aggregate row of every (label, results) run that has an `x` speedup and a `y`
+    value."""
     if y not in QUALITY_AXES:
         raise ConfigError(f"unknown quality axis {y!r}; choose one of {', '.join(QUALITY_AXES)}")
+    if x not in SPEED_AXES:
+        raise ConfigError(f"unknown speed axis {x!r}; choose one of {', '.join(SPEED_AXES)}")
     points = []
     for label, results in runs:
         for row in results["aggregate"]:
-            if row.get("speedup") is None or row.get(y) is None:
+            if row.get(x) is None or row.get(y) is None:
                 continue
             name = f"{label}: {row['method']}" if label else row["method"]
-            speed_ci, quality_ci = row.get("speedup_ci95"), row.get(f"{y}_ci95")
-            points.append(Point(name, row["speedup"], tuple(speed_ci) if speed_ci else None, row[y],
+            speed_ci, quality_ci = row.get(f"{x}_ci95"), row.get(f"{y}_ci95")
+            points.append(Point(name, row[x], tuple(speed_ci) if speed_ci else None, row[y],
                                 tuple(quality_ci) if quality_ci else None))
     return points
 
@@ -93,7 +99,8 @@ def pareto_front(points: Sequence[Point], higher_is_better: bool = True) -> list
 
 
 def plot_pareto(
-    results: dict[str, Any] | Sequence[tuple[str, dict[str, Any]]], path: str | Path, y: str = "rouge_l_vs_ar"
+    results: dict[str, Any] | Sequence[tuple[str, dict[str, Any]]], path: str | Path, y: str = "rouge_l_vs_ar",
+    x: str = "speedup",
 ) -> Path:
     """Draw speedup vs quality with 95% intervals on both axes, labels, and the Pareto front; return the PNG path.
 
@@ -103,9 +110,9 @@ def plot_pareto(
     from matplotlib.figure import Figure
 
     runs = [("", results)] if isinstance(results, dict) else list(results)
-    points = pareto_points(runs, y)
+    points = pareto_points(runs, y, x)
     if not points:
-        raise ConfigError(f"no method has both a speedup and {y!r}: run the bench with --quality (and `ar` for "
+        raise ConfigError(f"no method has both a {SPEED_AXES[x]} and {y!r}: run the bench with --quality (and `ar` for "
                           f"ROUGE-L vs ar)")
     label, higher = QUALITY_AXES[y]
     fig = Figure(figsize=(6.4, 4.6), dpi=120)
@@ -123,7 +130,7 @@ def plot_pareto(
     cfg = runs[0][1]["config"]
     prompts = len({r["prompt_index"] for r in runs[0][1]["records"]})
     baseline = default_baseline(cfg["methods"], cfg.get("baseline"))
-    ax.set_xlabel(f"speedup vs {baseline} (95% CI over prompts)")
+    ax.set_xlabel(f"{SPEED_AXES[x]} vs {baseline} (95% CI over prompts)")
     ax.set_ylabel(label + (" ↑" if higher else " ↓"))
     ax.set_title(f"{prompts} prompts from {cfg['prompts']}, γ={cfg['gamma']}, T={cfg['temperature']}; "
                  f"error bars: 95% bootstrap intervals", fontsize=8)
@@ -131,7 +138,7 @@ def plot_pareto(
     return save_figure(fig, path)
 
 
-def front_table(points: Sequence[Point], y: str) -> str:
+def front_table(points: Sequence[Point], y: str, x: str = "speedup") -> str:
     """Return the markdown table of `points` on axis `y` (fastest first), marking the Pareto front, then the front
     from slowest to fastest: where each rule dominates."""
     label, higher = QUALITY_AXES[y]
@@ -142,7 +149,7 @@ def front_table(points: Sequence[Point], y: str) -> str:
         return format(value, spec) + (f" [{interval[0]:{spec}}, {interval[1]:{spec}}]" if interval else "")
 
     lines = [f"### {label} ({'higher' if higher else 'lower'} is better)", "",
-             "| method | speedup [95% CI] | quality [95% CI] | on the front |", "|---|---:|---:|:---:|"]
+             f"| method | {SPEED_AXES[x]} [95% CI] | quality [95% CI] | on the front |", "|---|---:|---:|:---:|"]
     for p in sorted(points, key=lambda p: -p.speed):
         lines.append(f"| {p.label} | {ci(p.speed, p.speed_ci, '.2f')} | {ci(p.quality, p.quality_ci, '.3f')} | "
                      f"{'yes' if p.label in on_front else ''} |")
@@ -151,17 +158,20 @@ def front_table(points: Sequence[Point], y: str) -> str:
     return "\n".join(lines)
 
 
-def write_fronts(runs: Sequence[tuple[str, dict[str, Any]]], out_dir: str | Path) -> tuple[str, list[Path]]:
-    """Draw one front per quality axis that the runs hold (`front_<axis>.png` in `out_dir`); return the markdown
-    of every axis's `front_table` and the PNG paths. Raises ConfigError when no axis has a point."""
+def write_fronts(runs: Sequence[tuple[str, dict[str, Any]]], out_dir: str | Path,
+                 x: str = "speedup") -> tuple[str, list[Path]]:
+    """Draw one front per quality axis that the runs hold (`front_<axis>.png` in `out_dir`) against the `x` speedup;
+    return the markdown of every axis's `front_table` and the PNG paths. Raises ConfigError when no axis has a
+    point."""
     out_dir = Path(out_dir)
     sections, paths = [], []
     for y in QUALITY_AXES:
-        points = pareto_points(runs, y)
+        points = pareto_points(runs, y, x)
         if not points:
             continue
-        paths.append(plot_pareto(runs, out_dir / f"front_{y}.png", y))
-        sections.append(front_table(points, y))
+        paths.append(plot_pareto(runs, out_dir / f"front_{y}.png", y, x))
+        sections.append(front_table(points, y, x))
     if not sections:
         raise ConfigError("no method has both a speedup and a quality figure: run the bench with --quality")
-    return "\n\n".join(["## Speed against quality, one front per metric", *sections]) + "\n", paths
+    title = f"## {SPEED_AXES[x].capitalize()} against quality, one front per metric"
+    return "\n\n".join([title, *sections]) + "\n", paths
