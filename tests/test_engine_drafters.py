@@ -6,6 +6,7 @@ import copy
 from collections import Counter
 
 import pytest
+import torch
 
 from tests.stats import FALSE_ALARM, chi_square_pvalue, target_law
 from verispec.engine import DecodeConfig, Engine
@@ -67,6 +68,39 @@ def test_hybrid_records_which_drafter_proposed(tiny_pair, tokenizer):
     assert trace.to_dict()["rounds_by_drafter"] == counts
 
 
+def test_hybrid_skips_the_draft_model_when_its_catch_up_costs_too_much(tiny_pair, tokenizer):
+    """catchup = 0: the draft model never drafts (rounds without a match are plain steps, its cache stays empty),
+    the tokens are still ar's; no limit: the model drafts where lookup misses, as on a short prompt by default."""
+    engine = Engine(tiny_pair["target"], tiny_pair["partial"])
+    expected = engine.decode(ids(tokenizer), DecodeConfig("ar", max_new_tokens=60)).tokens
+    base = dict(gamma=4, max_new_tokens=60, drafter="hybrid", ngram_min=3, ngram_max=4)
+    lookup_only = engine.decode(ids(tokenizer), DecodeConfig("sd", hybrid_catchup=0.0, **base))
+    assert lookup_only.tokens == expected
+    counts = lookup_only.trace.rounds_by_drafter()
+    assert "model" not in counts and counts.get("none", 0) > 0 and counts.get("ngram", 0) > 0
+    assert lookup_only.trace.draft_calls == 0 and tiny_pair["partial"].cache_length == 0
+    for catchup in (float("inf"), DecodeConfig.hybrid_catchup):  # 60 tokens to go: a short prompt is caught up
+        out = engine.decode(ids(tokenizer), DecodeConfig("sd", hybrid_catchup=catchup, **base))
+        assert out.tokens == expected and out.trace.rounds_by_drafter().get("model", 0) > 0
+
+
+@pytest.mark.parametrize("behind_extra, drafts", [(0, True), (1, False)])
+def test_hybrid_catch_up_boundary(tiny_pair, tokenizer, behind_extra, drafts):
+    """The draft model drafts when the tokens it lacks are at most catchup × remaining, and not one token more."""
+    from verispec.drafters import DraftRequest, HybridDrafter, ModelDrafter, NgramDrafter
+
+    draft = tiny_pair["partial"]
+    draft.reset()
+    tokens = list(range(10, 10 + 12 + behind_extra))  # no repeated n-gram: lookup never matches
+    request = DraftRequest(tokens, 1, 3, SamplingConfig(), torch.Generator().manual_seed(0), frozenset(),
+                           tiny_pair["target"].vocab_size, remaining=4)
+    block = HybridDrafter(NgramDrafter(2, 3), ModelDrafter(draft), catchup=3.0).propose(request)  # 12 = 3 × 4
+    assert (block.drafter == "model" and block.length == 3) if drafts else (block.drafter == "none" and
+                                                                           block.length == 0)
+    assert draft.cache_length == (len(tokens) + 2 if drafts else 0)
+    draft.reset()
+
+
 @pytest.mark.parametrize("n", [1, 2, 5, 13])
 @pytest.mark.parametrize("drafter", ["ngram", "hybrid"])
 def test_stops_exactly_at_max_new_tokens(tiny_pair, tokenizer, n, drafter):
@@ -118,6 +152,8 @@ def test_draft_vocab_must_match_the_loaded_head(tiny_pair, tokenizer, reduced_sa
         (dict(drafter="ngram", ngram_min=0), "ngram_min .* must be an integer >= 1"),
         (dict(drafter="ngram", ngram_max=0), "ngram_max .* must be an integer >= 1"),
         (dict(draft_vocab=1), "draft_vocab .* must be an integer >= 2"),
+        (dict(drafter="hybrid", hybrid_catchup=-1.0), "hybrid_catchup .* must be a number >= 0"),
+        (dict(drafter="hybrid", hybrid_catchup=float("nan")), "hybrid_catchup .* must be a number >= 0"),
         (dict(draft_vocab=1.5), "draft_vocab .* must be an integer >= 2"),
         (dict(drafter="ngram", draft_vocab=64), "draft model's head, which method 'sd' with drafter 'ngram'"),
         (dict(method="ar", drafter="ngram"), "method 'ar' takes no drafter other than 'model'"),

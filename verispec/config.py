@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verispec.drafters import check_drafter_settings
+from verispec.drafters.hybrid import HYBRID_CATCHUP
 from verispec.errors import ConfigError
 from verispec.methods import get_method
 from verispec.sampling import SamplingConfig
@@ -38,6 +39,8 @@ class DecodeConfig:
     drafter: str = "model"  # a name in verispec.drafters.DRAFTERS: model | ngram | hybrid
     ngram_min: int = 2  # prompt lookup: the shortest suffix of the context looked up
     ngram_max: int = 4  # prompt lookup: the longest suffix looked up (the longest match wins)
+    # hybrid: the draft model drafts only when the tokens it must catch up on are ≤ this × the tokens still to emit
+    hybrid_catchup: float = HYBRID_CATCHUP
     draft_vocab: int | None = None  # N: the draft model's head covers only the N most frequent tokens; None = all
     # Lossy relaxed-acceptance rules (verify/relaxed.py, docs/algorithms.md §6.2); defaults are deployed settings.
     typical_epsilon: float = RelaxedKnobs.typical_epsilon  # typical: keep x when p̃(x) > min(ε, δ·e^{−H(p̃)})

@@ -130,7 +130,7 @@ class Engine:
             t0 = time.perf_counter()
             block = drafter.propose(DraftRequest(
                 tokens, config.paths, gamma, config.sampling, generator, self.eos_token_ids, decoder.vocab_size,
-                stop_rule,
+                stop_rule, remaining=remaining,
             ))
             t1 = time.perf_counter()
             trace.draft_calls += block.forwards

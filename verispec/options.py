@@ -51,6 +51,10 @@ def add_decode_options(parser: argparse.ArgumentParser) -> None:
                         help="prompt lookup (ngram, hybrid): the shortest context suffix looked up")
     parser.add_argument("--ngram-max", type=int, default=DecodeConfig.ngram_max,
                         help="prompt lookup (ngram, hybrid): the longest context suffix looked up")
+    parser.add_argument("--hybrid-catchup", type=float, default=DecodeConfig.hybrid_catchup,
+                        help="hybrid: the draft model drafts only when the tokens its cache lacks are at most this "
+                             "many times the tokens still to generate; longer prompts are drafted by lookup alone "
+                             f"(default: {DecodeConfig.hybrid_catchup:g}; inf: always)")
     parser.add_argument("--draft-vocab", type=int, default=DecodeConfig.draft_vocab,
                         help="N: the draft head covers only the N most frequent tokens (default: all)")
 

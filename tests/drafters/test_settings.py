@@ -20,11 +20,11 @@ def test_cli_flags_parse_into_the_decode_config(monkeypatch, capsys):
 
     monkeypatch.setattr(api.Decoder, "generate", fake_generate)
     argv = ["generate", "hi", "--method", "bv", "--drafter", "hybrid", "--ngram-min", "1", "--ngram-max", "5",
-            "--draft-vocab", "8192"]
+            "--draft-vocab", "8192", "--hybrid-catchup", "0.5"]
     assert main(argv) == 2
     config = seen["config"]
-    assert (config.method, config.drafter, config.ngram_min, config.ngram_max, config.draft_vocab) == (
-        "bv", "hybrid", 1, 5, 8192)
+    assert (config.method, config.drafter, config.ngram_min, config.ngram_max, config.draft_vocab,
+            config.hybrid_catchup) == ("bv", "hybrid", 1, 5, 8192, 0.5)
     assert main(["generate", "hi"]) == 2
     assert seen["config"].drafter == DecodeConfig.drafter and seen["config"].draft_vocab is None
 
@@ -36,6 +36,7 @@ def test_cli_flags_parse_into_the_decode_config(monkeypatch, capsys):
         (["--drafter", "ngram", "--ngram-min", "4", "--ngram-max", "2"], "must not exceed ngram_max"),
         (["--drafter", "ngram", "--ngram-min", "0"], "ngram_min"),
         (["--draft-vocab", "1"], "draft_vocab"),
+        (["--drafter", "hybrid", "--hybrid-catchup", "-2"], "hybrid_catchup"),
         (["--method", "ar", "--drafter", "ngram"], "takes no drafter other than 'model'"),
     ],
 )
@@ -49,6 +50,8 @@ def test_bench_variants_carry_drafter_settings():
     variant = parse_method("bv:drafter=hybrid,ngram_min=3,ngram_max=5,gamma=6", {"bv"})
     assert variant.overrides == {"drafter": "hybrid", "ngram_min": 3, "ngram_max": 5, "gamma": 6}
     assert parse_method("sd:draft_vocab=16384", {"sd"}).overrides == {"draft_vocab": 16384}
+    assert parse_method("sd:drafter=hybrid,hybrid_catchup=inf", {"sd"}).overrides == {
+        "drafter": "hybrid", "hybrid_catchup": float("inf")}
     config = DecodeConfig("bv", **variant.overrides)
     assert config.drafter == "hybrid" and config.ngram_max == 5
     with pytest.raises(ConfigError, match="bad value"):

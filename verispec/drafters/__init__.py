@@ -3,7 +3,8 @@
 - `model`: K i.i.d. paths sampled from the draft model (the default; its output layer may be reduced to the N most
   frequent tokens, `verispec.drafters.vocab`).
 - `ngram`: prompt lookup; fixed candidates with a point-mass q, no model forward (docs/algorithms.md §6.1).
-- `hybrid`: the n-gram candidates where the context has a match, the draft model elsewhere.
+- `hybrid`: the n-gram candidates where the context has a match, the draft model elsewhere (when catching its cache
+  up is cheap enough for the tokens left, `verispec.drafters.hybrid`).
 
 Every drafter returns the exact q its tokens were drawn from, so the verifiers' contract does not change. Distinct
 deterministic candidates are not i.i.d. draws, so multi-path methods verify them with the candidate-tree rule
@@ -49,6 +50,10 @@ def check_drafter_settings(config: Any, method: Any) -> None:
     _positive_int("ngram_max (the longest n-gram looked up)", config.ngram_max)
     if config.ngram_min > config.ngram_max:
         raise ConfigError(f"ngram_min ({config.ngram_min}) must not exceed ngram_max ({config.ngram_max})")
+    catchup = config.hybrid_catchup
+    if not isinstance(catchup, (int, float)) or isinstance(catchup, bool) or not catchup >= 0:
+        raise ConfigError(f"hybrid_catchup (the most tokens the hybrid's draft model may catch up on, per token still "
+                          f"to generate) must be a number >= 0 (inf: no limit), got {catchup!r}")
     if config.drafter != "model" and (not method.speculative or method.learned_stop):
         raise ConfigError(f"method {method.name!r} takes no drafter other than 'model' (got {config.drafter!r}): "
                           f"only speculative methods without a learned stop rule draft through a drafter")
@@ -67,5 +72,6 @@ def make_drafter(config: Any, draft_model: CausalLM | None) -> Drafter:
     if config.drafter == "ngram":
         return NgramDrafter(config.ngram_min, config.ngram_max)
     if config.drafter == "hybrid":
-        return HybridDrafter(NgramDrafter(config.ngram_min, config.ngram_max), ModelDrafter(draft_model))
+        return HybridDrafter(NgramDrafter(config.ngram_min, config.ngram_max), ModelDrafter(draft_model),
+                             float(config.hybrid_catchup))
     return ModelDrafter(draft_model)

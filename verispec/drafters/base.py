@@ -29,6 +29,7 @@ class DraftRequest:
     vocab_size: int  # V of the decoding model: q rows are [V]
     stop_rule: StopRule | None = None  # SPRINTER's learned verifier (model drafter only)
     keep_hidden: bool = False  # keep the draft model's hidden state behind each q (`DraftBlock.hiddens`; one path)
+    remaining: int | None = None  # tokens the decode may still emit (None: not bounded); the hybrid's catch-up rule
 
 
 class Drafter(Protocol):
