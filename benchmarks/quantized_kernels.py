@@ -1,5 +1,8 @@
 """One linear layer, several CPU kernels: time per call for 1, 2, 5 and 16 rows, error against fp32, causality.
 
+The kernels: fp32 oneDNN (verispec's default), fbgemm / x86 / oneDNN dynamic int8 with one activation scale per
+batch and per token (verispec's int8 path), torch's weight-only int8 and, where this torch has it, weight-only int4.
+
 Prints a markdown table. Each kernel runs over `--copies` distinct weights in turn so that they stream from
 memory as the layers of a real model do (one 8960x1536 int8 weight fits in a large L3 cache). The kernels are
 interleaved rep by rep, so load from other processes falls on all alike; the figures are minima over reps (the
@@ -60,6 +63,22 @@ def weight_only_int8(weight: torch.Tensor, bias: torch.Tensor) -> Kernel:
     return lambda x: torch._weight_int8pack_mm(x, q, scale) + bias
 
 
+def weight_only_int4(weight: torch.Tensor, bias: torch.Tensor, group: int = 128) -> Kernel:
+    """torch's weight-only int4 matmul for CPU (groups of `group` input columns, one scale and offset each;
+    bfloat16 activations, its fast path): 4-bit weights read half the bytes of int8."""
+    out_f, in_f = weight.shape
+    grouped = weight.view(out_f, in_f // group, group)
+    low, high = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
+    scale = ((high - low) / 15).clamp(min=1e-8)
+    q = ((grouped - low) / scale).round().clamp(0, 15).to(torch.int32).view(out_f, in_f)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    # The kernel dequantizes w = (q − 8)·scale + zero: zero is the value of code 8, as [in_f / group, out_f, 2].
+    scale_zero = torch.stack([scale.view(out_f, -1).T, (low + 8 * scale).view(out_f, -1).T], -1).contiguous()
+    scale_zero = scale_zero.to(torch.bfloat16)
+    return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, group,
+                                                                scale_zero).float() + bias
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out-features", type=int, default=8960)
@@ -81,6 +100,8 @@ def main() -> None:
         makers[f"int8 {eng}, per-token act."] = int8_per_token(eng, rr)
     makers[f"int8 {engine}, per-token act., reduce_range={not rr}"] = int8_per_token(engine, not rr)
     makers["int8 weight-only (_weight_int8pack_mm)"] = weight_only_int8
+    if hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and in_f % 128 == 0:
+        makers["int4 weight-only, bf16 act. (_weight_int4pack_mm_for_cpu)"] = weight_only_int4
     kernels = {name: [make(w, bias) for w in weights] for name, make in makers.items()}
     inputs = {n: torch.randn(n, in_f, generator=gen) for n in ROWS}
     times: dict[tuple[str, int], list[float]] = {(k, n): [] for k in kernels for n in ROWS}
