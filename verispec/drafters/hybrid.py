@@ -11,8 +11,6 @@ verifier stays lossless and a seed gives the same tokens on any machine.
 
 from __future__ import annotations
 
-import math
-
 from verispec.drafters.base import DraftRequest, empty_block
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import NgramDrafter
@@ -40,7 +38,7 @@ class HybridDrafter:
         block = self.ngram.propose(request)
         if block.length > 0:
             return block
-        if self.model.model is not None and request.remaining is not None and not math.isinf(self.catchup):
+        if self.model.model is not None and request.remaining is not None:  # catchup = inf: never too far behind
             behind = len(request.tokens) - self.model.model.cache_length
             if behind > self.catchup * request.remaining:
                 return empty_block(request.n_paths, request.vocab_size)
