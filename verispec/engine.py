@@ -30,6 +30,7 @@ from verispec.drafting import DraftBlock, PrefixTree, StopRule, merge_paths
 from verispec.errors import ConfigError
 from verispec.methods import Method, MultiPathResult, get_method
 from verispec.models.protocol import CausalLM
+from verispec.models.threads import shared_cores
 from verispec.sampling import SamplingConfig, process_logits
 from verispec.trace import RoundTrace, Trace
 from verispec.verify import candidate_tree_verify
@@ -99,8 +100,15 @@ class Engine:
         """
         if len(prompt_ids) == 0:
             raise ConfigError("the prompt is empty: give at least one token")
-        method = get_method(config.method)
         decoder, draft_model = self._models_for(config)
+        with shared_cores(decoder, draft_model) as (decoder, draft_model):
+            return self._decode(prompt_ids, config, on_commit, decoder, draft_model)
+
+    def _decode(self, prompt_ids: Sequence[int], config: DecodeConfig,
+                on_commit: Callable[[list[int]], bool | None] | None, decoder: CausalLM,
+                draft_model: CausalLM | None) -> DecodeOutput:
+        """The loop of `decode`, with the models it chose (wrapped by `shared_cores`)."""
+        method = get_method(config.method)
         drafter = make_drafter(config, draft_model)
         stop_rule = None
         observers: list[RoundObserver] = []

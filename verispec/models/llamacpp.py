@@ -59,6 +59,8 @@ class LlamaCppModel:
     the width of the logits returned, padded with -inf when the GGUF's vocabulary is shorter than the pair's.
     """
 
+    own_thread_pool = True  # llama.cpp computes on its own threads: the engine keeps torch's quiet meanwhile
+
     def __init__(self, path: str | Path, name: str, tokenizer: Any = None, vocab_size: int | None = None,
                  threads: int | None = None, context: int = DEFAULT_CONTEXT) -> None:
         path = Path(path)
