@@ -10,6 +10,11 @@ with it.
 
     .venv/bin/python benchmarks/quantized_models.py [--backends onednn int8] [--reps 5] [--prompts 20]
     .venv/bin/python benchmarks/quantized_models.py --roles target --ks 1 --reps 1   # numerics only
+    .venv/bin/python benchmarks/quantized_models.py --backends int8 --loops verispec transformers --ks 1 2 5 8 16
+
+`--loops`: the decoder loops to time on each backend (`verispec.models.lean` against transformers' forward), one
+adapter each over the same loaded model; the rows are then named BACKEND/LOOP and a last line gives the loops'
+time ratio per k.
 """
 
 from __future__ import annotations
@@ -81,6 +86,19 @@ def numerics(models: dict[str, HFCausalLM], n_prompts: int, max_tokens: int) -> 
                 "top1_agree": sum(s["agree"]) / len(s["agree"]), "tokens": len(s["nll"])} for b, s in stats.items()}
 
 
+def with_loops(models: dict[str, HFCausalLM], loops: list[str]) -> dict[str, HFCausalLM]:
+    """Return `models` as they are for one decoder loop, else one adapter per (backend, loop) over each model."""
+    if loops == ["verispec"]:
+        return models
+    out = {}
+    for backend, model in models.items():
+        for loop in loops:
+            wrapped = HFCausalLM(model.model, model.tokenizer, name=model.name, lean=loop == "verispec")
+            wrapped.linear_backend, wrapped.linear_kernel = model.linear_backend, model.linear_kernel
+            out[f"{backend}/{loop}"] = wrapped
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backends", nargs="+", default=["onednn", "int8"])
@@ -91,12 +109,13 @@ def main() -> None:
     p.add_argument("--max-text-tokens", type=int, default=128, help="tokens scored per prompt text, at most")
     p.add_argument("--roles", nargs="+", default=["draft", "target"])
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--loops", nargs="+", default=["verispec"], choices=["verispec", "transformers"])
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     t1: dict[tuple[str, str], dict[str, float]] = {}
     for role in args.roles:
-        models = {b: load_model(None, role, linear_backend=b) for b in args.backends}
+        models = with_loops({b: load_model(None, role, linear_backend=b) for b in args.backends}, args.loops)
         for b, m in models.items():
             print(f"{role} {b}: {m.linear_kernel}", flush=True)
         with torch.inference_mode():
@@ -110,10 +129,16 @@ def main() -> None:
         if role == "target":
             for b, s in numerics(models, args.prompts, args.max_text_tokens).items():
                 print(f"target {b}: NLL/token {s['nll']:.4f} over {s['tokens']} tokens; max |dlogit| vs "
-                      f"{args.backends[0]} {s['max_dlogit']:.3f}; top-1 agreement {s['top1_agree']:.3f}", flush=True)
+                      f"{next(iter(models))} {s['max_dlogit']:.3f}; top-1 agreement {s['top1_agree']:.3f}", flush=True)
+            if len(args.loops) == 2:
+                for b in args.backends:
+                    mine, theirs = times[f"{b}/verispec"], times[f"{b}/transformers"]
+                    ratios = " ".join(f"{mine[k] / theirs[k]:.2f}" for k in args.ks)
+                    print(f"{role} {b} ({clock} clock): verispec loop / transformers' forward for k = "
+                          f"{args.ks[0]}..{args.ks[-1]}: {ratios}", flush=True)
         del models
         gc.collect()
-    first = args.backends[0]
+    first = next(iter(t1))[1] if t1 else args.backends[0]
     for clock, b in t1 if len(args.roles) == 2 else ():
         base = t1[clock, first]
         print(f"{b} ({clock} clock): c = {t1[clock, b]['draft'] / t1[clock, b]['target']:.3f}; target t(1) vs "

@@ -101,8 +101,13 @@ class Decoder:
         return self._models[role]
 
     def linear_kernels(self) -> dict[str, str]:
-        """Return, per loaded model ("target", "draft"), which linear kernels and weight types it runs."""
-        return {role: getattr(model, "linear_kernel", "?") for role, model in self._models.items()}
+        """Return, per loaded model ("target", "draft"), which linear kernels and weight types it runs (and, for a
+        transformers model, which decoder loop)."""
+        def describe(model: Any) -> str:
+            loop = getattr(model, "decoder_loop", None)
+            return getattr(model, "linear_kernel", "?") + (f"; {loop}" if loop else "")
+
+        return {role: describe(model) for role, model in self._models.items()}
 
     def reduced_draft(self, n: int) -> HFCausalLM:
         """Return the draft model with its output layer sliced to N = `n` tokens (`verispec.drafters.vocab`), loaded

@@ -12,6 +12,7 @@ import torch
 from safetensors import SafetensorError
 
 from verispec.errors import ConfigError, ModelFilesError
+from verispec.models.lean import LeanDecoder, lean_support
 from verispec.models.manifest import safetensors_problem
 from verispec.models.protocol import ForwardOutput, TreeCachedLM
 from verispec.models.tree import CacheTree
@@ -32,10 +33,13 @@ class HFCausalLM(TreeCachedLM):
     """A transformers causal LM with a DynamicCache; implements `verispec.models.CausalLM`."""
 
     def __init__(
-        self, model: Any, tokenizer: Any = None, name: str | None = None, vocab_ids: Sequence[int] | None = None
+        self, model: Any, tokenizer: Any = None, name: str | None = None, vocab_ids: Sequence[int] | None = None,
+        lean: bool = True,
     ) -> None:
         """`vocab_ids`: a reduced head; the output layer is sliced to these token ids once, here (before any
-        weight packing), and `forward` returns logits over the whole vocabulary with -inf outside them."""
+        weight packing), and `forward` returns logits over the whole vocabulary with -inf outside them.
+        `lean`: run verispec's own decoder loop (`verispec.models.lean`) where the architecture allows it;
+        False keeps transformers' forward (the same logits, more framework time per forward)."""
         from transformers import DynamicCache
 
         self.model = model.eval()
@@ -51,13 +55,24 @@ class HFCausalLM(TreeCachedLM):
         if vocab_ids is not None:
             self._slice_head(vocab_ids)
         self._new_cache = lambda: DynamicCache(config=model.config)
+        self.set_decoder_loop(lean)
         self.reset()
+
+    def set_decoder_loop(self, lean: bool) -> None:
+        """Run forwards on verispec's decoder loop (`lean`, where `lean_support` allows) or transformers' own;
+        `decoder_loop` says which runs."""
+        reason = lean_support(self.model) if lean else "transformers' forward requested"
+        self._lean = LeanDecoder(self.model) if reason is None else None
+        self.decoder_loop = "verispec's decoder loop" if reason is None else f"transformers' forward ({reason})"
 
     @torch.inference_mode()
     def _run(self, tokens: Sequence[int], n_logits: int, return_hidden: bool,
              tree: tuple[torch.Tensor, torch.Tensor] | None) -> ForwardOutput:
         """Return the last `n_logits` logits `[n, V]` (float32 at least, CPU) of `tokens` after the cached ones."""
         ids = torch.as_tensor(list(tokens), dtype=torch.long, device=self.device).unsqueeze(0)  # [1, T]
+        if self._lean is not None:
+            logits, hidden = self._lean(ids, self._cache, n_logits, return_hidden, tree)
+            return self._outputs(logits, hidden)
         extra: dict[str, Any] = {}
         if tree is not None:
             mask, depths = tree  # [T, cache+T] bool, [T]
@@ -74,16 +89,21 @@ class HFCausalLM(TreeCachedLM):
             output_hidden_states=return_hidden,
             **extra,
         )
-        # float32 at least (bf16/fp16 logits are upcast); float64 models keep their precision.
-        upcast = (lambda t: t) if out.logits.dtype == torch.float64 else (lambda t: t.float())
-        logits = upcast(out.logits[0, -n_logits:])  # [n, V], or [n, N] with a reduced head
+        hidden = out.hidden_states[-1][0, -n_logits:] if return_hidden else None
+        return self._outputs(out.logits[0, -n_logits:], hidden)
+
+    def _outputs(self, logits: torch.Tensor, hidden: torch.Tensor | None) -> ForwardOutput:
+        """Return `logits` [n, V or N] and `hidden` [n, H] as the protocol wants them: CPU, full vocabulary,
+        float32 at least (bf16/fp16 are upcast; float64 models keep their precision)."""
+        n_logits = logits.shape[0]
+        upcast = (lambda t: t) if logits.dtype == torch.float64 else (lambda t: t.float())
+        logits = upcast(logits)  # [n, V], or [n, N] with a reduced head
         if self.vocab_ids is not None:
             # Back to full-vocabulary ids: -inf outside the head, so softmax, top-k/top-p and argmax give q zero there.
             full = logits.new_full((n_logits, self.vocab_size), float("-inf"))
             logits = full.index_copy_(1, self.vocab_ids, logits)  # [n, V]
-        logits = logits.cpu()
-        hidden = upcast(out.hidden_states[-1][0, -n_logits:]).cpu() if return_hidden else None  # [n, H]
-        return ForwardOutput(logits=logits, hidden=hidden)
+        hidden = upcast(hidden).cpu() if hidden is not None else None  # [n, H]
+        return ForwardOutput(logits=logits.cpu(), hidden=hidden)
 
     @torch.no_grad()
     def _slice_head(self, vocab_ids: Sequence[int]) -> None:
