@@ -125,17 +125,16 @@ def main() -> None:
                 t1.setdefault((clock, b), {})[role] = per_k[1]
                 curve = " ".join(f"{per_k[k] / per_k[1]:.2f}" for k in args.ks)
                 print(f"{role} {b} ({clock} clock): t(1) {per_k[1] * 1e3:.0f} ms; f(k) for k = "
-                      f"{args.ks[0]}..{args.ks[-1]}: {curve}", flush=True)
+                      f"{' '.join(map(str, args.ks))}: {curve}", flush=True)
+            for b in args.backends if len(args.loops) == 2 else ():
+                mine, theirs = times[f"{b}/verispec"], times[f"{b}/transformers"]
+                ratios = " ".join(f"{mine[k] / theirs[k]:.2f}" for k in args.ks)
+                print(f"{role} {b} ({clock} clock): verispec loop / transformers' forward, k = "
+                      f"{' '.join(map(str, args.ks))}: {ratios}", flush=True)
         if role == "target":
             for b, s in numerics(models, args.prompts, args.max_text_tokens).items():
                 print(f"target {b}: NLL/token {s['nll']:.4f} over {s['tokens']} tokens; max |dlogit| vs "
                       f"{next(iter(models))} {s['max_dlogit']:.3f}; top-1 agreement {s['top1_agree']:.3f}", flush=True)
-            if len(args.loops) == 2:
-                for b in args.backends:
-                    mine, theirs = times[f"{b}/verispec"], times[f"{b}/transformers"]
-                    ratios = " ".join(f"{mine[k] / theirs[k]:.2f}" for k in args.ks)
-                    print(f"{role} {b} ({clock} clock): verispec loop / transformers' forward for k = "
-                          f"{args.ks[0]}..{args.ks[-1]}: {ratios}", flush=True)
         del models
         gc.collect()
     first = next(iter(t1))[1] if t1 else args.backends[0]
