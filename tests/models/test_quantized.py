@@ -19,7 +19,7 @@ from tests.models.test_hf_adapter import fresh_logits
 from verispec.engine import DecodeConfig, Engine
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.hf import HFCausalLM
-from verispec.models.quantized import QuantizedLinear, quantized_engine, use_int8_linears
+from verispec.models.quantized import FEW_ROWS, QuantizedLinear, quantized_engine, use_int8_linears
 from verispec.models.tiny import perturb, tiny_qwen2, tiny_tokenizer
 
 pytestmark = pytest.mark.skipif(quantized_engine() is None, reason="this torch build has no fbgemm engine")
@@ -58,6 +58,21 @@ def test_a_rows_outputs_are_bit_identical_alone_and_in_a_batch_with_a_wider_row(
     # fbgemm's own per-batch scale: row 0 is quantized on row 3's coarse grid.
     naive = QuantizedLinear(weight, bias, per_token=False)
     assert (naive(x)[0] - naive(x[:1])[0]).abs().max() > 0.05
+
+
+def test_a_prompt_sized_batch_gives_each_row_its_output_alone():
+    # More rows than FEW_ROWS take the other scaling branch (fewer passes over memory): the same values.
+    gen = torch.Generator().manual_seed(1)
+    weight, bias = torch.randn(48, 64, generator=gen) * 0.1, torch.randn(48, generator=gen)
+    x = torch.randn(FEW_ROWS + 9, 64, generator=gen)
+    x[7] *= 50
+    x[11] = 0.0
+    x[12] = -x[12].abs()  # a row whose max-abs is its minimum
+    layer = QuantizedLinear(weight, bias)
+    batch = layer(x)
+    for i in range(x.shape[0]):
+        assert torch.equal(layer(x[i: i + 1])[0], batch[i]), i
+    assert torch.equal(batch[11], bias)
 
 
 SATURATION_PROBE = """

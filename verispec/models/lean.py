@@ -78,10 +78,15 @@ class LeanDecoder:
         if tree is None:
             past = cache.get_seq_length()
             positions = torch.arange(past, past + length, device=ids.device)
-            # one new token attends to everything cached; several need the causal mask, offset by the cache
-            mask = None if length == 1 else torch.ones(length, past + length, dtype=torch.bool,
-                                                       device=ids.device).tril(past)
+            # One new token attends to everything cached. Several on an empty cache (a prompt): sdpa's own causal
+            # flag, with which its flash kernel skips the blocks above the diagonal (half the work of a long
+            # prompt). Several after cached tokens: the causal mask offset by the cache (sdpa's flag aligns to the
+            # top left, which would hide cached tokens).
+            causal = length > 1 and past == 0
+            mask = None if length == 1 or causal else torch.ones(length, past + length, dtype=torch.bool,
+                                                                 device=ids.device).tril(past)
         else:
+            causal = False
             mask, positions = tree[0].to(ids.device), tree[1].to(ids.device)
         cos, sin = self.inner.rotary_emb(x, positions.unsqueeze(0))  # [1, T, D] each
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
@@ -94,7 +99,7 @@ class LeanDecoder:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             k, v = cache.update(k, v, index)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
                                                enable_gqa=self.heads != self.kv_heads)  # [1, heads, T, D]
             x = x + attn.o_proj.forward(o.transpose(1, 2).reshape(1, length, self.heads * self.head_dim))
             h = self._norm(layer.post_attention_layernorm, x)
