@@ -1,7 +1,7 @@
 """verispec's decoder loop against transformers' forward on the same modules: logits, hidden states, tree attention.
 
-Float32 is asserted bit-identical (the loop calls the same modules in the same order and one fused RMSNorm that
-rounds as transformers' does); float64 models run transformers' own norm modules and are held to 1e-12.
+Asserted bit-identical in every dtype: the loop calls the same modules in the same order (float32 through one fused
+RMSNorm that rounds as transformers' does; other dtypes through transformers' own norm modules).
 """
 
 from __future__ import annotations
@@ -44,14 +44,12 @@ def pair(kind: str, dtype: torch.dtype, backend: str = "torch") -> tuple[HFCausa
 
 
 def check_equal(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
-    if dtype == torch.float32:
-        assert torch.equal(a, b), (a - b).abs().max()
-    else:
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    assert a.dtype == (torch.float64 if dtype == torch.float64 else torch.float32), a.dtype
+    assert torch.equal(a, b), (a - b).abs().max()
 
 
-CASES = [("qwen2", torch.float32), ("qwen2", torch.float64), ("qwen2-tied", torch.float32),
-         ("llama", torch.float32), ("llama", torch.float64)]
+CASES = [("qwen2", torch.float32), ("qwen2", torch.float64), ("qwen2", torch.bfloat16), ("qwen2-tied", torch.float32),
+         ("llama", torch.float32), ("llama", torch.float64), ("llama", torch.bfloat16)]
 
 
 @pytest.mark.parametrize(("kind", "dtype"), CASES)

@@ -6,8 +6,8 @@ linears, mostly in transformers' generic machinery (mask building, per-module ho
 records), and a speculative decode runs thousands of such forwards. This loop calls the model's own submodules
 (embedding, norms, projections, rotary embedding, LM head) in transformers' order and attends with one
 `scaled_dot_product_attention` call per layer; the KV cache is transformers' `DynamicCache`, so rollback is
-unchanged. Float32 logits are bit-identical to transformers' forward (tested); other dtypes run the norm modules
-themselves, so they follow transformers' upcasting.
+unchanged. Logits and hidden states are bit-identical to transformers' forward (tested in float32, bfloat16 and
+float64; other dtypes than float32 run the norm modules themselves, so they follow transformers' upcasting).
 
 Only architectures whose layers are exactly "norm, attention with rotary embedding, residual, norm, gated MLP,
 residual" with full attention in every layer are run here (`lean_support`); anything else (sliding windows,
