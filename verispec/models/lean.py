@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-# model_type -> the layer structure this loop reproduces (checked against transformers 5's modeling files)
+# The model types whose layer structure this loop reproduces (checked against transformers 5's modeling files)
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 
 
