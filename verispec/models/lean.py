@@ -68,11 +68,11 @@ class LeanDecoder:
             return F.rms_norm(x, (self.hidden_size,), module.weight, module.variance_epsilon)
         return module(x)  # other dtypes: transformers' own upcasting
 
-    @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: Any, n_logits: int, return_hidden: bool = False,
                  tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Return (logits [n_logits, V], last hidden states [n_logits, H] or None) of `ids` [1, T] after the cached
-        tokens, appending them to `cache`. `tree`: (mask [T, cache+T] bool, depths [T]) for tree attention."""
+        tokens, appending them to `cache`. `tree`: (mask [T, cache+T] bool, depths [T]) for tree attention. Call it
+        under torch.inference_mode (`HFCausalLM._run` does), as transformers' forward is."""
         length = ids.shape[1]
         x = self.inner.embed_tokens(ids)  # [1, T, H]
         if tree is None:
