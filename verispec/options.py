@@ -19,8 +19,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="the draft model's dtype, when it differs from --dtype (e.g. bfloat16: a cheaper draft; "
                              "lossless methods keep the target's law)")
     parser.add_argument("--linear-backend", default=DEFAULT_LINEAR_BACKEND, choices=LINEAR_BACKENDS,
-                        help=f"CPU linear layers: int8 weights with per-token int8 activations (fbgemm), oneDNN "
-                             f"with packed float weights, or transformers' own (default: {DEFAULT_LINEAR_BACKEND})")
+                        help=f"CPU linear layers: int8 weights with per-token int8 activations (fbgemm); int4: the "
+                             f"layers of a 4-bit GGUF kept in 4 bits (verispec's kernel, built once), the rest int8; "
+                             f"oneDNN with packed float weights; or transformers' own (default: {DEFAULT_LINEAR_BACKEND})")
 
 
 def add_decode_options(parser: argparse.ArgumentParser) -> None:

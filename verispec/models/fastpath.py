@@ -5,7 +5,8 @@ floor) but 5-8x slower for 2-16 rows, exactly the sizes a speculative target pas
 once (`mkldnn::_reorder_linear_weight`) keeps a forward over a few tokens close to the cost of one, so the
 ratio f(k) = time(k-token forward) / time(1-token forward) that decides whether speculation pays stays low.
 Numerics: the same fp32 (or bf16) arithmetic, another summation order (differences ~1e-6 relative in fp32).
-The "int8" backend (verispec.models.quantized) reads 4x fewer weight bytes, LM head included.
+The "int8" backend (verispec.models.quantized) reads 4x fewer weight bytes, LM head included; "int4"
+(verispec.models.int4) keeps the linears of a 4-bit GGUF in 4 bits and runs the others in int8.
 """
 
 from __future__ import annotations
@@ -15,15 +16,18 @@ from typing import Any
 import torch
 
 from verispec.errors import ConfigError
+from verispec.models.int4 import use_int4_linears
 from verispec.models.quantized import reduce_range_needed, use_int8_linears
 
-LINEAR_BACKENDS = ("torch", "onednn", "int8")
+LINEAR_BACKENDS = ("torch", "onednn", "int8", "int4")
 
 # What each backend runs, as the outputs report it (`model.linear_kernel`).
 KERNELS = {
     "torch": "transformers' own linears (float weights)",
     "onednn": "oneDNN, packed float weights",
     "int8": "int8 weights per channel (LM head included), per-token dynamic {bits} activations, fbgemm",
+    "int4": "4-bit weights per 32 inputs in {int4} linears (verispec's kernel), int8 per channel in {int8} "
+    "(fbgemm), per-token dynamic {bits} activations",
 }
 
 
@@ -88,15 +92,21 @@ def apply_linear_backend(model: Any, backend: str) -> str:
     what runs as `model.linear_kernel`) and return it: the backend actually in effect, "torch" off the CPU, for
     weights other than float32/bfloat16 (float64 test models), or where torch lacks the kernels."""
     check_linear_backend(backend)
-    applied = "torch"
+    applied, counts = "torch", {}
     if model.device.type == "cpu" and backend == "onednn" and use_onednn_linears(model.model) > 0:
         applied = "onednn"
     elif model.device.type == "cpu" and backend == "int8":
         if use_int8_linears(model.model, lm_head=model.model.get_output_embeddings()) > 0:
             applied = "int8"
+    elif model.device.type == "cpu" and backend == "int4":
+        counts = use_int4_linears(model.model, lm_head=model.model.get_output_embeddings())
+        if sum(counts.values()) > 0:
+            applied = "int4"
     model.linear_backend = applied
-    bits = "7-bit (this CPU's int8 kernel adds in int16)" if applied == "int8" and reduce_range_needed() else "8-bit"
-    model.linear_kernel = KERNELS[applied].format(bits=bits)
+    bits = "8-bit"
+    if applied in ("int8", "int4") and reduce_range_needed():
+        bits = "7-bit (this CPU's int8 kernel adds in int16)"
+    model.linear_kernel = KERNELS[applied].format(bits=bits, **counts)
     if applied != backend:
         dtype = str(model.model.dtype).removeprefix("torch.")
         model.linear_kernel += f" ({backend} requested; not applicable to {dtype} weights on {model.device})"

@@ -33,7 +33,7 @@ def load_model(
 
     `spec` "llamacpp:FILE.gguf" or "llamacpp:default": the GGUF run in-process by llama.cpp with its own kernels
     (`verispec.models.llamacpp`; chain forwards only, no hidden states), whatever `linear_backend` and `dtype` say.
-    `linear_backend`: "onednn" (default), "int8" (CPU only, see verispec.models.fastpath) or "torch"
+    `linear_backend`: "onednn" (default), "int8" or "int4" (CPU only, see verispec.models.fastpath) or "torch"
     (transformers as is).
     `draft_vocab`: N, to slice the output layer to the N most frequent tokens plus the special ones
     (`verispec.drafters.vocab`) before the weights are packed or quantized.

@@ -1,0 +1,189 @@
+"""The int4 linear backend: exact recovery of 4-bit grids, the kernel against a float64 reference, per-token
+causality (bit-identical rows), and the protocol on tiny models whose linears are put on a 4-bit grid.
+
+The first use builds the kernel (about 40 s with g++; cached per source and torch version afterwards).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.models.test_hf_adapter import fresh_logits
+from verispec.engine import DecodeConfig, Engine
+from verispec.models.fastpath import apply_linear_backend
+from verispec.models.hf import HFCausalLM
+from verispec.models.int4 import GROUP, Int4Linear, grid_4bit, use_int4_linears
+from verispec.models.quantized import QuantizedLinear, quantized_engine
+from verispec.models.tiny import perturb, tiny_qwen2, tiny_tokenizer
+
+pytestmark = pytest.mark.skipif(quantized_engine() is None, reason="this torch build has no fbgemm engine")
+
+
+def planted_grid(out_features: int, in_features: int, seed: int, top: int = 15) -> torch.Tensor:
+    """Weights that are offset + scale * q per group of 32 (as a Q4_K tensor dequantized), q in 0..top."""
+    gen = torch.Generator().manual_seed(seed)
+    groups = out_features * in_features // GROUP
+    q = torch.randint(0, top + 1, (groups, GROUP), generator=gen).float()
+    q[:, 0], q[:, 1] = 0, top  # every level range is used from its bottom to its top
+    scale = torch.rand(groups, 1, generator=gen) * 0.01 + 0.001
+    offset = -scale * 8 + torch.randn(groups, 1, generator=gen) * 0.001
+    return (offset + scale * q).reshape(out_features, in_features)
+
+
+def layer_for(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int4Linear:
+    q, scale, offset, share = grid_4bit(weight)
+    assert share == 1.0
+    return Int4Linear(q, scale, offset, bias)
+
+
+@pytest.mark.parametrize("top", [15, 13, 1])
+def test_a_4bit_grid_is_recovered_to_float16_precision(top):
+    weight = planted_grid(64, 128, seed=top, top=top)
+    layer = layer_for(weight)
+    groups = weight.reshape(-1, GROUP)
+    low, step = groups.amin(1), (groups.amax(1) - groups.amin(1)) / top
+    err = (layer.dequantized() - weight).abs().reshape(-1, GROUP).amax(1)
+    # float16 scale and offset, each rounded to 2^-11 of itself: at most 15 steps' and the offset's share of that
+    assert (err <= 2.0**-11 * (15 * step + low.abs()) * 1.01 + 1e-7).all()
+    assert (err < 0.02 * step).all()  # far below a step: the levels themselves are exact
+
+
+def test_weights_on_no_grid_are_reported_as_such():
+    weight = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    assert grid_4bit(weight)[3] < 0.01
+
+
+def reference(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+    """x quantized per token as the kernel does (x * 127 / max|x|, half to even), then float64 products."""
+    peak = x.abs().amax(1, keepdim=True).clamp_min(1e-30)
+    xq = torch.round(x * (127.0 / peak))
+    y = (xq.double() @ layer.dequantized().double().T) * (peak.double() / 127.0)
+    return y + (layer.bias.double() if layer.bias.numel() else 0.0)
+
+
+def test_the_kernel_computes_the_quantized_product():
+    gen = torch.Generator().manual_seed(1)
+    layer = layer_for(planted_grid(128, 96, seed=2), bias=torch.randn(128, generator=gen))
+    x = torch.randn(11, 96, generator=gen)
+    x[4] *= 50
+    x[6] = 0.0  # an all-zero row: its output is the bias
+    y = layer(x)
+    torch.testing.assert_close(y.double(), reference(layer, x), rtol=1e-5, atol=1e-5)
+    assert torch.equal(y[6], layer.bias)
+    dense = x @ layer.dequantized().T + layer.bias
+    assert (y - dense).abs().max() < 0.02 * dense.abs().max()  # 8-bit activations: ~1% of the output range
+
+
+def test_a_dropped_offset_term_moves_the_output_far_past_the_tolerance():
+    layer = layer_for(planted_grid(64, 64, seed=3))
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
+    expected = reference(layer, x)
+    layer.packed[..., 288:] = 0  # every float16 offset zeroed, as a kernel that skipped the offsets' term
+    assert (layer(x).double() - expected).abs().max() > 1e3 * 1e-5
+
+
+@pytest.mark.parametrize("rows", [9, 73])  # one register tile and more; past the 64-token cache block
+def test_a_rows_outputs_are_bit_identical_alone_and_in_any_batch(rows):
+    gen = torch.Generator().manual_seed(5)
+    layer = layer_for(planted_grid(192, 64, seed=6), bias=torch.randn(192, generator=gen))  # 3 quads of blocks
+    x = torch.randn(rows, 64, generator=gen)
+    x[1] *= 50
+    batch = layer(x)
+    for i in range(rows):
+        assert torch.equal(layer(x[i: i + 1])[0], batch[i])
+    for n in range(1, rows):
+        assert torch.equal(layer(x[:n]), batch[:n])
+
+
+def test_bfloat16_inputs_come_back_in_bfloat16():
+    layer = layer_for(planted_grid(64, 32, seed=7))
+    x = torch.randn(2, 3, 32, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    out = layer(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 3, 64)
+    assert torch.equal(out, layer(x.float()).to(torch.bfloat16))
+
+
+def on_grid(seed: int) -> HFCausalLM:
+    """A tiny float32 Qwen2 whose linears are all put on a 4-bit grid (as a Q4 GGUF's would be), float linears."""
+    tokenizer = tiny_tokenizer()
+    model = tiny_qwen2(len(tokenizer), seed=seed, hidden=64, dtype=torch.float32)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                q, scale, offset, _ = grid_4bit(module.weight)
+                groups = q.reshape(q.shape[0], -1, GROUP).float()
+                module.weight.copy_((groups * scale[..., None] + offset[..., None]).reshape(q.shape))
+    return HFCausalLM(model, tokenizer)
+
+
+def grid_model(seed: int = 1) -> HFCausalLM:
+    """`on_grid` with the int4 backend (the linears whose shapes the kernel takes in 4 bits, the rest int8)."""
+    wrapped = on_grid(seed)
+    assert apply_linear_backend(wrapped, "int4") == "int4"
+    return wrapped
+
+
+def test_layers_on_a_grid_go_to_4_bits_and_the_others_to_int8():
+    tokenizer = tiny_tokenizer()
+    model = tiny_qwen2(len(tokenizer), seed=1, hidden=64, dtype=torch.float32)
+    mlp = [m for n, m in model.named_modules() if ".mlp." in n and isinstance(m, torch.nn.Linear)]
+    with torch.no_grad():
+        for module in mlp:
+            q, scale, offset, _ = grid_4bit(module.weight)
+            module.weight.copy_((q.reshape(q.shape[0], -1, GROUP).float() * scale[..., None]
+                                 + offset[..., None]).reshape(q.shape))
+    counts = use_int4_linears(model, lm_head=model.get_output_embeddings())
+    assert counts["int4"] == len(mlp) and counts["int8"] > 0
+    assert all(isinstance(m.quantized, Int4Linear) for m in mlp)
+    assert isinstance(model.get_output_embeddings().quantized, QuantizedLinear)
+
+
+def test_a_prefix_logits_do_not_depend_on_later_tokens_in_the_batch():
+    model = grid_model()
+    prefix = [5, 9, 13, 2]
+    batch = fresh_logits(model, prefix + [30, 7], 6)[:4]
+    alone = torch.stack([fresh_logits(model, prefix[: i + 1], 1)[0] for i in range(4)])
+    assert (batch - alone).abs().max().item() <= 1e-5  # fp32 attention's order may vary with the query count
+
+
+def test_rollback_and_tree_attention_are_exact():
+    model = grid_model()
+    a, b, c = [5, 6, 7, 8, 9, 10], [20, 21, 22, 23, 24], [31, 32, 33]
+    model.forward(a)
+    model.forward(b, n_logits=5)
+    model.truncate(len(a) + 2)
+    after_rollback = model.forward(c, n_logits=3).logits
+    torch.testing.assert_close(after_rollback, fresh_logits(model, a + b[:2] + c, 3), rtol=0, atol=1e-5)
+    prefix, nodes, parent_node = [5, 9, 13, 2, 7], [20, 21, 22, 23], [-1, 0, -1, 2]
+    model.reset()
+    model.forward(prefix)
+    last = model.cache_length - 1
+    parents = [last if j < 0 else last + 1 + j for j in parent_node]
+    tree = model.forward(nodes, n_logits=len(nodes), parents=parents).logits
+    for row, path in enumerate([[20], [20, 21], [22], [22, 23]]):
+        torch.testing.assert_close(tree[row], fresh_logits(model, prefix + path, 1)[0], rtol=0, atol=1e-5)
+
+
+def test_on_4bit_weights_the_backend_is_nearer_the_float_model_than_int8_and_says_what_ran():
+    exact = fresh_logits(on_grid(seed=1), [3, 4, 5], 3)
+    int8 = on_grid(seed=1)
+    apply_linear_backend(int8, "int8")
+    model = grid_model(seed=1)
+    err_int4 = (fresh_logits(model, [3, 4, 5], 3) - exact).abs().max()
+    err_int8 = (fresh_logits(int8, [3, 4, 5], 3) - exact).abs().max()
+    assert err_int4 < err_int8 and err_int4 < 0.05 * exact.abs().max()  # measured: 0.039 and 0.058 of the max
+    assert model.linear_backend == "int4" and "4-bit weights per 32 inputs in 10 linears" in model.linear_kernel
+
+
+@pytest.mark.parametrize(("method", "paths"), [("sd", 1), ("gbv", 3)])
+def test_greedy_speculative_decoding_equals_ar(one_thread, method, paths):
+    target = grid_model(seed=1)
+    draft = tiny_qwen2(len(target.tokenizer), seed=1, hidden=64, dtype=torch.float32)
+    perturb(draft, 0.03, seed=3)
+    draft = HFCausalLM(draft, target.tokenizer)
+    prompt = target.tokenizer("def add(a, b):\n    return")["input_ids"]
+    expected = Engine(target).decode(prompt, DecodeConfig("ar", max_new_tokens=40)).tokens
+    out = Engine(target, draft).decode(prompt, DecodeConfig(method, gamma=4, paths=paths, max_new_tokens=40))
+    assert out.tokens == expected
+    assert 0 < out.trace.acceptance_rate < 1

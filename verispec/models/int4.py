@@ -1,0 +1,197 @@
+"""4-bit CPU linears: weights in 4 bits per group of 32 inputs where they already lie on such a grid, int8 elsewhere.
+
+Why: a one-token CPU forward reads every weight once, so its time is the bytes read; 4-bit weights read half of
+int8's. A model converted from a 4-bit GGUF (the default target: Q4_K_M) holds, in most of its linears, weights
+that are exactly `scale * q + offset` with q in 0..15 for every group of 32 inputs (llama.cpp's Q4_K sub-blocks).
+Those layers are repacked without rounding (`grid_4bit` recovers q, scale and offset; scale and offset are stored in
+float16) and run by verispec's own kernel (verispec/native/int4_linear.cpp: AVX-512 VNNI, activations quantized to
+int8 per token, a forward over a few tokens costing little more than one). Layers whose weights are on no 4-bit
+grid (the GGUF's 6-bit layers, any float model) take the int8 path of verispec.models.quantized, as before.
+
+Causality: activations get one scale per token and the kernel's sums run in a fixed order, so every row's outputs
+are bit-identical alone or inside any batch (tested).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verispec.errors import ConfigError
+from verispec.models.quantized import QuantizedLinear, quantized_engine
+
+GROUP = 32  # inputs per scale and offset (llama.cpp's Q4_K sub-block)
+ROWS = 16  # output rows per packed block (one AVX-512 vector)
+QUAD = 4  # blocks stored interleaved, group by group
+ON_GRID = 0.99  # a layer goes to 4 bits when at least this share of its groups lies exactly on a 4-bit grid
+SOURCE = Path(__file__).resolve().parent.parent / "native" / "int4_linear.cpp"
+
+
+@functools.cache
+def extension() -> Any:
+    """Build (once per machine and source, cached) and return the 4-bit linear kernel's extension module."""
+    from torch.utils import cpp_extension  # imported here: it pulls in the compiler tooling
+
+    from verispec.models.default_pair import cache_dir
+
+    tag = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    build = cache_dir() / "native" / f"int4-{tag}"
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        return cpp_extension.load(
+            name="verispec_int4", sources=[str(SOURCE)], build_directory=str(build),
+            extra_cflags=["-O3", "-march=native"], verbose=False,
+        )
+    except (RuntimeError, OSError, ImportError) as e:
+        lines = str(e).splitlines()
+        reason = next((line for line in lines if "error" in line.lower()), lines[-1] if lines else repr(e))
+        raise ConfigError(
+            f"the int4 linear backend needs a C++ compiler (g++) and ninja to build its kernel once "
+            f"({SOURCE.name} into {build}); the build failed: {reason.strip()} "
+            "Use --linear-backend int8 instead."
+        ) from e
+
+
+def grid_4bit(weight: torch.Tensor, rel_tol: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """Return (q [out, in] uint8 in 0..15, scale [out, in/32], offset [out, in/32], share of groups on a grid).
+
+    Per group of 32 inputs: where the weights are exactly offset + scale * q with integer q in 0..15 (to `rel_tol`
+    of the group's range), that grid is recovered (offset = the group's minimum; the scale is the range divided by
+    the largest level 15, 14, ... that puts every weight on an integer); elsewhere the group is rounded onto 16
+    levels between its minimum and maximum. The share says how many groups were exact. Rows are taken in chunks
+    (a 150k-row LM head would otherwise need several GB of temporaries); a chunk where fewer than half the groups
+    sit on the 15-level grid, and fewer than half of its first 1,024 on any, is searched no further (it is no 4-bit
+    tensor).
+    """
+    out_features, in_features = weight.shape
+    qs, scales, offsets, exact_groups = [], [], [], 0
+    chunk = max(1, (1 << 22) // in_features)
+    for start in range(0, out_features, chunk):
+        g = weight[start: start + chunk].detach().float().reshape(-1, GROUP)
+        low = g.amin(1, keepdim=True)
+        span = g.amax(1, keepdim=True) - low
+        scale = (span / 15).clamp_min(torch.finfo(torch.float32).tiny)
+        exact = (span[:, 0] == 0) | ((low + scale * torch.round((g - low) / scale) - g).abs() <= span * rel_tol).all(1)
+        sample = torch.arange(min(1024, g.shape[0]))
+        if exact.float().mean() >= 0.5 or _lower_tops(g, low, span, scale, exact, sample, rel_tol) >= 0.5:
+            _lower_tops(g, low, span, scale, exact, torch.arange(g.shape[0]), rel_tol)
+        qs.append(torch.round((g - low) / scale).clamp_(0, 15).to(torch.uint8))
+        scales.append(scale)
+        offsets.append(low)
+        exact_groups += int(exact.sum())
+    shape = (out_features, in_features // GROUP)
+    q = torch.cat(qs).reshape(out_features, in_features)
+    share = exact_groups / (shape[0] * shape[1])
+    return q, torch.cat(scales).reshape(shape), torch.cat(offsets).reshape(shape), share
+
+
+def _lower_tops(g: torch.Tensor, low: torch.Tensor, span: torch.Tensor, scale: torch.Tensor, exact: torch.Tensor,
+                rows: torch.Tensor, rel_tol: float) -> float:
+    """Try top levels 14..1 on the groups `rows` not yet `exact` (a Q4_K group need not reach level 15); update
+    `scale` and `exact` in place where a grid fits; return the share of `rows` now exact."""
+    for top in range(14, 0, -1):
+        rest = rows[~exact[rows]]
+        if rest.numel() == 0:
+            break
+        step = span[rest] / top
+        fits = ((low[rest] + step * torch.round((g[rest] - low[rest]) / step) - g[rest]).abs()
+                <= span[rest] * rel_tol).all(1)
+        scale[rest[fits]] = step[fits]
+        exact[rest[fits]] = True
+    return exact[rows].float().mean().item()
+
+
+def pack(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """Return the kernel's layout of 4-bit weights: [out/64, in/32, 4, 320] uint8, per quad of 16-row blocks, group
+    and block: 256 bytes of packed levels, 16 float16 scales, 16 float16 offsets (described in int4_linear.cpp)."""
+    n, k = q.shape
+    quads, groups = n // (QUAD * ROWS), k // GROUP
+    levels = q.reshape(quads, QUAD, ROWS, groups, 8, 4).permute(0, 3, 1, 4, 2, 5)  # [quad, group, block, 8, row, 4]
+    nibbles = (levels[:, :, :, :4] | (levels[:, :, :, 4:] << 4)).reshape(quads, groups, QUAD, 256)
+
+    def per_cell(v: torch.Tensor) -> torch.Tensor:  # [out, groups] -> [quad, group, block, 32] bytes of float16
+        halves = v.float().half().reshape(quads, QUAD, ROWS, groups).permute(0, 3, 1, 2).contiguous()
+        return halves.view(torch.uint8)
+
+    return torch.cat([nibbles, per_cell(scale), per_cell(offset)], dim=3).contiguous()
+
+
+class Int4Linear:
+    """y = x W^T + b with W in 4 bits per group of 32 (float16 scale and offset) and x in int8 per token."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.out_features, self.in_features = q.shape
+        if self.out_features % (QUAD * ROWS) or self.in_features % GROUP:
+            raise ValueError(f"a 4-bit linear needs outputs in multiples of {QUAD * ROWS} and inputs in multiples of "
+                             f"{GROUP}; got {self.out_features} x {self.in_features}")
+        self.packed = pack(q, scale, offset)
+        self.bias = bias.detach().float().contiguous() if bias is not None else torch.empty(0)
+        self.kernel = extension()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return x W^T + b for `x` of shape [..., in] in any float dtype (computed in fp32, returned in x's)."""
+        rows = x.reshape(-1, self.in_features).float().contiguous()
+        y = self.kernel.linear(rows, self.packed, self.bias)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def dequantized(self) -> torch.Tensor:
+        """Return the float32 weights [out, in] this layer computes with (for tests and error reports)."""
+        quads, groups = self.packed.shape[:2]
+        cells = self.packed.reshape(quads, groups, QUAD, 320)
+        nibbles = cells[..., :256].reshape(quads, groups, QUAD, 4, ROWS, 4)
+        levels = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=3)  # [quad, group, block, 8, row, 4]
+        q = levels.permute(0, 2, 4, 1, 3, 5).reshape(self.out_features, groups, GROUP).float()
+
+        def per_row(v: torch.Tensor) -> torch.Tensor:  # [quad, group, block, 32] bytes -> [out, groups, 1]
+            return v.contiguous().view(torch.float16).float().permute(0, 2, 3, 1).reshape(self.out_features, groups, 1)
+
+        scale, offset = per_row(cells[..., 256:288]), per_row(cells[..., 288:])
+        return (q * scale + offset).reshape(self.out_features, self.in_features)
+
+    def describe(self) -> str:
+        """Return which kernel and number formats this layer runs."""
+        isa = "AVX-512 VNNI" if self.kernel.vnni() else "portable C++ (no AVX-512 VNNI here)"
+        return f"4-bit weights per 32 inputs, per-token dynamic 8-bit activations ({isa})"
+
+
+def fits_4bit(module: torch.nn.Linear) -> bool:
+    """Return whether the kernel's shapes allow `module`: outputs a multiple of 64, inputs a multiple of 32."""
+    return module.out_features % (QUAD * ROWS) == 0 and module.in_features % GROUP == 0
+
+
+@torch.no_grad()
+def use_int4_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = None) -> dict[str, int]:
+    """Route every fp32/bf16 CPU nn.Linear of `model` through `Int4Linear` where its weights lie on a 4-bit grid
+    (at least `ON_GRID` of its groups) and through int8 `QuantizedLinear` otherwise; return the count of each.
+
+    Placeholders and tied weights are handled as `use_int8_linears` does (the LM head gets its own copy)."""
+    if quantized_engine() is None:
+        return {"int4": 0, "int8": 0}
+    extension()  # build before the minutes of packing, and fail early with a clear error
+    shared = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    counts = {"int4": 0, "int8": 0}
+    for module in model.modules():
+        if not isinstance(module, torch.nn.Linear) or (id(module.weight) in shared and module is not lm_head):
+            continue
+        weight = module.weight
+        if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+            continue
+        layer: Int4Linear | QuantizedLinear | None = None
+        if fits_4bit(module):
+            q, scale, offset, share = grid_4bit(weight)
+            if share >= ON_GRID:
+                layer = Int4Linear(q, scale, offset, module.bias)
+        kind = "int4" if layer is not None else "int8"
+        layer = layer or QuantizedLinear(weight, module.bias)
+        module.forward = layer.forward
+        module.quantized = layer
+        module.weight = torch.nn.Parameter(weight.new_empty(module.out_features, 0), requires_grad=False)
+        counts[kind] += 1
+    return counts

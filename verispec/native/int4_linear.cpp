@@ -1,0 +1,225 @@
+// y = x W^T + b with W in 4 bits (groups of 32 inputs: w = scale * q + offset, q in 0..15) and x quantized to
+// int8 per token at run time. verispec/models/int4.py builds this once per machine and packs the weights.
+//
+// Why: a CPU decode step reads every weight once, so its time is the bytes read; 4-bit weights read half of int8's.
+// The integer products run 16 outputs x 4 inputs per instruction (AVX-512 VNNI vpdpbusd: unsigned 4-bit weights
+// times signed int8 activations, summed exactly in int32), and one pass over a block of weights serves up to 8
+// tokens held in registers, so a forward over a few tokens costs little more than one: what a speculative verify
+// pass needs.
+//
+// Causality and determinism: each token has its own activation scale, its integer sums are exact, and its float
+// accumulation runs over the groups in one fixed order whatever the batch, so a row's outputs are bit-identical
+// alone or inside any batch. The portable path (hosts without AVX-512 VNNI) performs the same operations in the
+// same order and returns the same bits, only slower.
+//
+// Packed layout: output rows in blocks of 16, blocks in quads of 4, stored [quad][group][block][320 bytes] so that
+// a thread reads its weights as one sequential stream. Per block and group of 32 inputs, 320 bytes: 4 vectors of 64
+// bytes whose byte (p, j, b) holds q[j][4p + b] in its low nibble and q[j][4(p + 4) + b] in its high nibble (j the
+// row in the block), then the 16 rows' float16 scales, then their float16 offsets.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define VERISPEC_VNNI 1
+#else
+#define VERISPEC_VNNI 0
+#endif
+
+namespace {
+
+constexpr int kRows = 16;      // output rows per block (one 512-bit vector of int32 / float32)
+constexpr int kGroup = 32;     // inputs per group (one scale and offset)
+constexpr int kTile = 8;       // tokens per register tile
+constexpr int kSuper = 64;     // tokens whose activations stay in cache while every block of weights passes
+constexpr int kQuad = 4;       // blocks stored interleaved, group by group: one sequential stream per thread
+constexpr int kCell = 320;     // bytes per block and group: 256 of weights, 32 of scales, 32 of offsets
+constexpr int64_t kQuadGroup = kQuad * kCell;
+
+// Per token t: int8 activations xq[t] (x * 127 / max|x| rounded half to even), the scale s = max|x| / 127, and the
+// integer sum of xq over each group (for the offsets' term; exact, so its order does not matter).
+void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* xq, float* xs, float* xsum) {
+  const int64_t G = K / kGroup;
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* row = x + t * K;
+      int8_t* out = xq + t * K;
+#if VERISPEC_VNNI
+      __m512 m = _mm512_setzero_ps();
+      for (int64_t k = 0; k < K; k += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(row + k)));
+      const float peak = std::fmax(_mm512_reduce_max_ps(m), 1e-30f);  // an all-zero row stays zero
+      const __m512 inv = _mm512_set1_ps(127.0f / peak);
+      for (int64_t g = 0; g < G; ++g) {
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + g * kGroup), inv));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + g * kGroup + 16), inv));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + g * kGroup), _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + g * kGroup + 16), _mm512_cvtsepi32_epi8(q1));
+        xsum[t * G + g] = static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+      }
+#else
+      float peak = 0.0f;
+      for (int64_t k = 0; k < K; ++k) peak = std::fmax(peak, std::fabs(row[k]));
+      peak = std::fmax(peak, 1e-30f);  // an all-zero row stays zero
+      const float inv = 127.0f / peak;
+      for (int64_t g = 0; g < G; ++g) {
+        int32_t sum = 0;
+        for (int k = 0; k < kGroup; ++k) {
+          const int32_t v = static_cast<int32_t>(std::nearbyint(row[g * kGroup + k] * inv));  // half to even
+          out[g * kGroup + k] = static_cast<int8_t>(v);
+          sum += v;
+        }
+        xsum[t * G + g] = static_cast<float>(sum);
+      }
+#endif
+      xs[t] = peak / 127.0f;
+    }
+  });
+}
+
+inline int32_t load32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Where block r (of its quad) keeps group g: 256 bytes of weights, then 16 float16 scales, then 16 offsets.
+inline const uint8_t* at_group(const uint8_t* quad, int64_t g, int r) { return quad + g * kQuadGroup + r * kCell; }
+
+#if VERISPEC_VNNI
+// acc[r][t][16] for RB blocks r of one quad (from `quad`, already offset to the first) and TT tokens t: the sum over
+// groups of scale * (q . xq) + offset * xsum. RB * TT independent accumulator chains hide vpdpbusd's latency; the
+// weights are unpacked once per group and block and serve all TT tokens.
+template <int RB, int TT>
+inline void tile(const uint8_t* quad, int64_t G, const int8_t* xq, int64_t K, const float* xsum, float* acc_out) {
+  __m512 acc[RB][TT];
+  for (int r = 0; r < RB; ++r)
+    for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t g = 0; g < G; ++g) {
+    __m512i dot[RB][TT];
+    for (int r = 0; r < RB; ++r)
+      for (int t = 0; t < TT; ++t) dot[r][t] = _mm512_setzero_si512();
+    for (int p = 0; p < 4; ++p) {
+      for (int r = 0; r < RB; ++r) {
+        const __m512i v = _mm512_loadu_si512(at_group(quad, g, r) + 64 * p);
+        const __m512i lo = _mm512_and_si512(v, low);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        for (int t = 0; t < TT; ++t) {
+          const int8_t* xr = xq + t * K + g * kGroup;
+          dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], lo, _mm512_set1_epi32(load32(xr + 4 * p)));
+          dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], hi, _mm512_set1_epi32(load32(xr + 4 * (p + 4))));
+        }
+      }
+    }
+    for (int r = 0; r < RB; ++r) {
+      const uint8_t* cell = at_group(quad, g, r);
+      const __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(cell + 256)));
+      const __m512 b = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(cell + 288)));
+      for (int t = 0; t < TT; ++t) {
+        // exact: |dot| <= 32 * 15 * 127
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][t]), a, acc[r][t]);
+        acc[r][t] = _mm512_fmadd_ps(b, _mm512_set1_ps(xsum[t * G + g]), acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int t = 0; t < TT; ++t) _mm512_storeu_ps(acc_out + (r * TT + t) * kRows, acc[r][t]);
+}
+#else
+template <int RB, int TT>
+inline void tile(const uint8_t* quad, int64_t G, const int8_t* xq, int64_t K, const float* xsum, float* acc_out) {
+  for (int r = 0; r < RB; ++r) {
+    float acc[TT][kRows] = {};
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t* p = at_group(quad, g, r);
+      const at::Half* sc = reinterpret_cast<const at::Half*>(p + 256);
+      const at::Half* of = reinterpret_cast<const at::Half*>(p + 288);
+      for (int t = 0; t < TT; ++t) {
+        const int8_t* xr = xq + t * K + g * kGroup;
+        for (int j = 0; j < kRows; ++j) {
+          int32_t dot = 0;
+          for (int q = 0; q < 4; ++q) {
+            for (int b = 0; b < 4; ++b) {
+              const uint8_t byte = p[64 * q + 4 * j + b];
+              dot += static_cast<int32_t>(byte & 0x0F) * xr[4 * q + b];
+              dot += static_cast<int32_t>(byte >> 4) * xr[4 * (q + 4) + b];
+            }
+          }
+          acc[t][j] = std::fma(static_cast<float>(dot), static_cast<float>(sc[j]), acc[t][j]);
+          acc[t][j] = std::fma(static_cast<float>(of[j]), xsum[t * G + g], acc[t][j]);
+        }
+      }
+    }
+    std::memcpy(acc_out + r * TT * kRows, acc, sizeof(acc));
+  }
+}
+#endif
+
+using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*, float*);
+// Per token count 1..8: the tile, and how many of a quad's blocks it takes at once (more where few tokens would
+// leave vpdpbusd's latency exposed).
+constexpr TileFn kTiles[kTile + 1] = {nullptr, tile<4, 1>, tile<4, 2>, tile<2, 3>, tile<2, 4>, tile<2, 5>,
+                                     tile<2, 6>, tile<1, 7>, tile<1, 8>};
+constexpr int kTileBlocks[kTile + 1] = {0, 4, 4, 2, 2, 2, 2, 1, 1};
+
+}  // namespace
+
+// x [T, K] float32 (contiguous); packed [N/64, K/32, 4, 320] uint8 (see the layout above); bias [N] float32 or
+// empty. Returns [T, N] float32.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [T, K] fp32");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kQuad && packed.size(3) == kCell &&
+                  packed.scalar_type() == torch::kUInt8 && packed.is_contiguous(), "packed: [N/64, K/32, 4, 320] uint8");
+  const int64_t T = x.size(0), K = x.size(1), NQ = packed.size(0), G = packed.size(1), N = NQ * kQuad * kRows;
+  TORCH_CHECK(G * kGroup == K, "x has ", K, " inputs, the weights ", G * kGroup);
+  const bool has_bias = bias.numel() > 0;
+  TORCH_CHECK(!has_bias || (bias.numel() == N && bias.scalar_type() == torch::kFloat32), "bias: [N] fp32");
+  auto y = torch::empty({T, N}, x.options());
+  if (T == 0) return y;
+  auto xq = torch::empty({T, K}, x.options().dtype(torch::kInt8));
+  auto xs = torch::empty({T}, x.options());
+  auto xsum = torch::empty({T, G}, x.options());
+  quantize_rows(x.data_ptr<float>(), T, K, xq.data_ptr<int8_t>(), xs.data_ptr<float>(), xsum.data_ptr<float>());
+  const uint8_t* pk = packed.data_ptr<uint8_t>();
+  const float* bs = has_bias ? bias.data_ptr<float>() : nullptr;
+  const int8_t* q = xq.data_ptr<int8_t>();
+  const float* s = xs.data_ptr<float>();
+  const float* sums = xsum.data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, NQ, 1, [&](int64_t q0, int64_t q1) {
+    float acc[kTile * kRows * kQuad];
+    for (int64_t s0 = 0; s0 < T; s0 += kSuper) {
+      const int64_t s1 = std::min(T, s0 + kSuper);
+      for (int64_t nq = q0; nq < q1; ++nq) {  // one quad's weights stay in cache while the tokens pass
+        const uint8_t* quad = pk + nq * G * kQuadGroup;
+        for (int64_t t0 = s0; t0 < s1; t0 += kTile) {
+          const int tt = static_cast<int>(std::min<int64_t>(kTile, s1 - t0));
+          const int rb = kTileBlocks[tt];
+          for (int r0 = 0; r0 < kQuad; r0 += rb) {
+            kTiles[tt](quad + r0 * kCell, G, q + t0 * K, K, sums + t0 * G, acc);
+            for (int r = 0; r < rb; ++r) {
+              const int64_t n0 = (nq * kQuad + r0 + r) * kRows;
+              for (int t = 0; t < tt; ++t) {
+                const float* a = acc + (r * tt + t) * kRows;
+                float* row = out + (t0 + t) * N + n0;
+                for (int j = 0; j < kRows; ++j) row[j] = std::fma(a[j], s[t0 + t], has_bias ? bs[n0 + j] : 0.0f);
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+  return y;
+}
+
+bool vnni() { return VERISPEC_VNNI; }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear", &linear, "4-bit-weight, per-token int8-activation linear");
+  m.def("vnni", &vnni, "whether this build uses AVX-512 VNNI");
+}
