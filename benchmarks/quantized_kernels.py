@@ -1,7 +1,8 @@
 """One linear layer, several CPU kernels: time per call for 1, 2, 5 and 16 rows, error against fp32, causality.
 
 The kernels: fp32 oneDNN (verispec's default), fbgemm / x86 / oneDNN dynamic int8 with one activation scale per
-batch and per token (verispec's int8 path), torch's weight-only int8 and, where this torch has it, weight-only int4.
+batch and per token (verispec's int8 path), torch's weight-only int8 and, where this torch has it, weight-only int4,
+and verispec's own 4-bit kernel (the int4 path).
 
 Prints a markdown table. Each kernel runs over `--copies` distinct weights in turn so that they stream from
 memory as the layers of a real model do (one 8960x1536 int8 weight fits in a large L3 cache). The kernels are
@@ -22,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from verispec.models.int4 import Int4Linear, grid_4bit
 from verispec.models.quantized import QuantizedLinear, quantized_engine, reduce_range_needed
 
 ROWS = (1, 2, 5, 16)
@@ -79,6 +81,13 @@ def weight_only_int4(weight: torch.Tensor, bias: torch.Tensor, group: int = 128)
                                                                 scale_zero).float() + bias
 
 
+def verispec_int4(weight: torch.Tensor, bias: torch.Tensor) -> Kernel:
+    """verispec's 4-bit kernel (verispec.models.int4); random weights are rounded onto 16 levels per group of 32
+    (a 4-bit GGUF's layers are already on such a grid and keep their values)."""
+    q, scale, offset, _ = grid_4bit(weight)
+    return Int4Linear(q, scale, offset, bias)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out-features", type=int, default=8960)
@@ -102,6 +111,8 @@ def main() -> None:
     makers["int8 weight-only (_weight_int8pack_mm)"] = weight_only_int8
     if hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and in_f % 128 == 0:
         makers["int4 weight-only, bf16 act. (_weight_int4pack_mm_for_cpu)"] = weight_only_int4
+    if out_f % 64 == 0 and in_f % 32 == 0:
+        makers["4-bit per 32 inputs, per-token int8 act. (verispec's kernel)"] = verispec_int4
     kernels = {name: [make(w, bias) for w in weights] for name, make in makers.items()}
     inputs = {n: torch.randn(n, in_f, generator=gen) for n in ROWS}
     times: dict[tuple[str, int], list[float]] = {(k, n): [] for k in kernels for n in ROWS}

@@ -21,7 +21,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--linear-backend", default=DEFAULT_LINEAR_BACKEND, choices=LINEAR_BACKENDS,
                         help=f"CPU linear layers: int8 weights with per-token int8 activations (fbgemm); int4: the "
                              f"layers of a 4-bit GGUF kept in 4 bits (verispec's kernel, built once), the rest int8; "
-                             f"oneDNN with packed float weights; or transformers' own (default: {DEFAULT_LINEAR_BACKEND})")
+                             f"oneDNN with packed float weights; or transformers' own "
+                             f"(default: {DEFAULT_LINEAR_BACKEND})")
 
 
 def add_decode_options(parser: argparse.ArgumentParser) -> None:

@@ -67,7 +67,7 @@ class ProfileConfig:
     roles: list[str] = field(default_factory=lambda: ["target", "draft"])  # which models to measure
     dtype: str = "float32"  # weights' dtype
     device: str = "cpu"  # torch device
-    linear_backend: str = DEFAULT_LINEAR_BACKEND  # CPU linear kernels: int8 | int4 | onednn | torch (as `verispec bench`)
+    linear_backend: str = DEFAULT_LINEAR_BACKEND  # CPU linear kernels: int8 | int4 | onednn | torch (as bench)
     random_weights: bool = False  # random weights of the same architecture (no weight files needed)
     ks: list[int] = field(default_factory=lambda: list(DEFAULT_KS))  # new tokens per timed forward
     context: int = 128  # cached tokens before each timed forward (and the prefill point's length)

@@ -13,7 +13,7 @@ from tests.models.test_hf_adapter import fresh_logits
 from verispec.engine import DecodeConfig, Engine
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.hf import HFCausalLM
-from verispec.models.int4 import GROUP, Int4Linear, grid_4bit, use_int4_linears
+from verispec.models.int4 import GROUP, PROMPT_ROWS, Int4Linear, grid_4bit, use_int4_linears
 from verispec.models.quantized import QuantizedLinear, quantized_engine
 from verispec.models.tiny import perturb, tiny_qwen2, tiny_tokenizer
 
@@ -94,6 +94,17 @@ def test_a_rows_outputs_are_bit_identical_alone_and_in_any_batch(rows):
         assert torch.equal(layer(x[i: i + 1])[0], batch[i])
     for n in range(1, rows):
         assert torch.equal(layer(x[:n]), batch[:n])
+
+
+def test_prompt_sized_forwards_run_the_int8_copy_and_shorter_ones_the_4bit_kernel():
+    weight = planted_grid(64, 64, seed=9)
+    q, scale, offset, _ = grid_4bit(weight)
+    copy = QuantizedLinear(weight, None)
+    layer, plain = Int4Linear(q, scale, offset, None, prompt_linear=copy), Int4Linear(q, scale, offset, None)
+    x = torch.randn(PROMPT_ROWS + 1, 64, generator=torch.Generator().manual_seed(10))
+    assert torch.equal(layer(x), copy(x))
+    assert torch.equal(layer(x[:PROMPT_ROWS]), plain(x[:PROMPT_ROWS]))
+    assert not torch.equal(layer(x)[:PROMPT_ROWS], plain(x[:PROMPT_ROWS]))  # the two kernels do differ
 
 
 def test_bfloat16_inputs_come_back_in_bfloat16():

@@ -72,7 +72,7 @@ class BenchConfig:
     dtype: str = "float32"  # model weights: float32 | bfloat16 | float16 | float64
     draft_dtype: str | None = None  # the draft's weights, when they differ from `dtype` (None: `dtype`)
     device: str = "cpu"  # torch device of both models
-    linear_backend: str = DEFAULT_LINEAR_BACKEND  # verispec's methods: "int8", "int4", "onednn" or "torch" (models.fastpath)
+    linear_backend: str = DEFAULT_LINEAR_BACKEND  # verispec's methods: int8 | int4 | onednn | torch (models.fastpath)
     peer_linear_backend: str = "torch"  # the transformers peers run transformers as users run it, by default
     verifier: str | None = None  # SPRINTER methods: the learned verifier file
     compare_to: str | None = None  # a second reference: rows also get the speedup vs this method (e.g. "sd")

@@ -100,6 +100,10 @@ inline void tile(const uint8_t* quad, int64_t G, const int8_t* xq, int64_t K, co
     for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t g = 0; g < G; ++g) {
+#ifdef VERISPEC_PREFETCH
+    for (int r = 0; r < RB; ++r)
+      for (int c = 0; c < kCell; c += 64) _mm_prefetch(reinterpret_cast<const char*>(at_group(quad, g + VERISPEC_PREFETCH, r) + c), _MM_HINT_T0);
+#endif
     __m512i dot[RB][TT];
     for (int r = 0; r < RB; ++r)
       for (int t = 0; t < TT; ++t) dot[r][t] = _mm512_setzero_si512();
