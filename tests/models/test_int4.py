@@ -6,6 +6,8 @@ The first use builds the kernel (about 40 s with g++; cached per source and torc
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ from tests.models.test_hf_adapter import fresh_logits
 from verispec.engine import DecodeConfig, Engine
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.hf import HFCausalLM
-from verispec.models.int4 import GROUP, PROMPT_ROWS, Int4Linear, grid_4bit, use_int4_linears
+from verispec.models.int4 import GROUP, PROMPT_ROWS, Int4Linear, extension, grid_4bit, use_int4_linears
 from verispec.models.quantized import QuantizedLinear, quantized_engine
 from verispec.models.tiny import perturb, tiny_qwen2, tiny_tokenizer
 
@@ -105,6 +107,18 @@ def test_prompt_sized_forwards_run_the_int8_copy_and_shorter_ones_the_4bit_kerne
     assert torch.equal(layer(x), copy(x))
     assert torch.equal(layer(x[:PROMPT_ROWS]), plain(x[:PROMPT_ROWS]))
     assert not torch.equal(layer(x)[:PROMPT_ROWS], plain(x[:PROMPT_ROWS]))  # the two kernels do differ
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the portable build targets x86-64-v2")
+def test_the_portable_path_returns_the_same_bits():
+    """Hosts without AVX-512 VNNI run the portable C++ path: the same operations in the same order."""
+    gen = torch.Generator().manual_seed(11)
+    layer = layer_for(planted_grid(128, 96, seed=12), bias=torch.randn(128, generator=gen))
+    x = torch.randn(13, 96, generator=gen)
+    x[2] *= 50
+    portable = extension(portable=True)
+    assert not portable.vnni()
+    assert torch.equal(portable.linear(x, layer.packed, layer.bias), layer(x))
 
 
 def test_bfloat16_inputs_come_back_in_bfloat16():

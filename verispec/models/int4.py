@@ -35,19 +35,21 @@ SOURCE = Path(__file__).resolve().parent.parent / "native" / "int4_linear.cpp"
 
 
 @functools.cache
-def extension() -> Any:
-    """Build (once per machine and source, cached) and return the 4-bit linear kernel's extension module."""
+def extension(portable: bool = False) -> Any:
+    """Build (once per machine and source, cached) and return the 4-bit linear kernel's extension module: for this
+    CPU (`-march=native`), or `portable` (x86-64-v2: the C++ path without AVX-512, to test that it agrees)."""
     from torch.utils import cpp_extension  # imported here: it pulls in the compiler tooling
 
     from verispec.models.default_pair import cache_dir
 
-    tag = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    arch = "x86-64-v2" if portable else "native"
+    tag = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + arch.encode()).hexdigest()[:12]
     build = cache_dir() / "native" / f"int4-{tag}"
     build.mkdir(parents=True, exist_ok=True)
     try:
         return cpp_extension.load(
-            name="verispec_int4", sources=[str(SOURCE)], build_directory=str(build),
-            extra_cflags=["-O3", "-march=native"], verbose=False,
+            name="verispec_int4_portable" if portable else "verispec_int4", sources=[str(SOURCE)],
+            build_directory=str(build), extra_cflags=["-O3", f"-march={arch}"], verbose=False,
         )
     except (RuntimeError, OSError, ImportError) as e:
         lines = str(e).splitlines()
