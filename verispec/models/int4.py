@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from verispec.errors import ConfigError
-from verispec.models.quantized import QuantizedLinear, quantized_engine
+from verispec.models.quantized import QuantizedLinear, quantized_engine, replace_linears
 
 GROUP = 32  # inputs per scale and offset (llama.cpp's Q4_K sub-block)
 ROWS = 16  # output rows per packed block (one AVX-512 vector)
@@ -212,23 +212,16 @@ def use_int4_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = N
     if quantized_engine() is None:
         return {"int4": 0, "int8": 0}
     extension()  # build before the minutes of packing, and fail early with a clear error
-    shared = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    counts = {"int4": 0, "int8": 0}
-    for module in model.modules():
-        if not isinstance(module, torch.nn.Linear) or (id(module.weight) in shared and module is not lm_head):
-            continue
-        weight = module.weight
-        if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
-            continue
-        layer: Int4Linear | QuantizedLinear | None = None
+
+    def make(module: torch.nn.Linear) -> Int4Linear | QuantizedLinear:
         if fits_4bit(module):
-            q, scale, offset, share = grid_4bit(weight)
+            q, scale, offset, share = grid_4bit(module.weight)
             if share >= ON_GRID:
-                layer = Int4Linear(q, scale, offset, module.bias, prompt_linear=QuantizedLinear(weight, module.bias))
-        kind = "int4" if layer is not None else "int8"
-        layer = layer or QuantizedLinear(weight, module.bias)
-        module.forward = layer.forward
-        module.quantized = layer
-        module.weight = torch.nn.Parameter(weight.new_empty(module.out_features, 0), requires_grad=False)
-        counts[kind] += 1
+                prompt_linear = QuantizedLinear(module.weight, module.bias)
+                return Int4Linear(q, scale, offset, module.bias, prompt_linear=prompt_linear)
+        return QuantizedLinear(module.weight, module.bias)
+
+    layers = replace_linears(model, make, lm_head)
+    counts = {"int4": sum(isinstance(layer, Int4Linear) for layer in layers)}
+    counts["int8"] = len(layers) - counts["int4"]
     return counts

@@ -23,7 +23,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -155,18 +156,26 @@ def use_int8_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = N
     """
     if quantized_engine() is None:
         return 0
+    return len(replace_linears(model, lambda module: QuantizedLinear(module.weight, module.bias, per_token=per_token),
+                               lm_head))
+
+
+def replace_linears(model: torch.nn.Module, make: Callable[[torch.nn.Linear], Any],
+                    lm_head: torch.nn.Module | None = None) -> list[Any]:
+    """Route every fp32/bf16 CPU nn.Linear of `model` (tied ones only if `lm_head`) through `make(module)`'s layer;
+    return the layers. The dense weight is replaced by a zero-width placeholder (untied from any embedding)."""
     shared = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    changed = 0
+    layers = []
     for module in model.modules():
         if not isinstance(module, torch.nn.Linear) or (id(module.weight) in shared and module is not lm_head):
             continue
         weight = module.weight
         if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
             continue
-        layer = QuantizedLinear(weight, module.bias, per_token=per_token)
+        layer = make(module)
         module.forward = layer.forward
         module.quantized = layer  # reachable for inspection (kernel description, packed weights)
         # Untie: the placeholder is the module's own parameter, the embedding keeps the float weight.
         module.weight = torch.nn.Parameter(weight.new_empty(module.out_features, 0), requires_grad=False)
-        changed += 1
-    return changed
+        layers.append(layer)
+    return layers
