@@ -13,9 +13,18 @@ import torch
 
 from tests.models.test_hf_adapter import fresh_logits
 from verispec.engine import DecodeConfig, Engine
+from verispec.models import int4
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.hf import HFCausalLM
-from verispec.models.int4 import GROUP, PROMPT_ROWS, Int4Linear, extension, grid_4bit, use_int4_linears
+from verispec.models.int4 import (
+    GROUP,
+    PROMPT_ROWS,
+    Int4Linear,
+    Int8RowLinear,
+    extension,
+    grid_4bit,
+    use_int4_linears,
+)
 from verispec.models.quantized import QuantizedLinear, quantized_engine
 from verispec.models.tiny import perturb, tiny_qwen2, tiny_tokenizer
 
@@ -159,9 +168,22 @@ def test_layers_on_a_grid_go_to_4_bits_and_the_others_to_int8():
             module.weight.copy_((q.reshape(q.shape[0], -1, GROUP).float() * scale[..., None]
                                  + offset[..., None]).reshape(q.shape))
     counts = use_int4_linears(model, lm_head=model.get_output_embeddings())
-    assert counts["int4"] == len(mlp) and counts["int8"] > 0
+    assert counts["int4"] == len(mlp) and counts["int8_rows"] > 0
     assert all(isinstance(m.quantized, Int4Linear) for m in mlp)
-    assert isinstance(model.get_output_embeddings().quantized, QuantizedLinear)
+    attention = [m for n, m in model.named_modules() if ".self_attn." in n and isinstance(m, torch.nn.Linear)]
+    fitting = [m for m in attention if m.out_features % 64 == 0]  # the kernel's shapes (k, v: 32 outputs here)
+    assert fitting and all(isinstance(m.quantized, Int8RowLinear) for m in fitting)  # off the grid, small
+    assert all(type(m.quantized) is QuantizedLinear for m in attention if m not in fitting)
+    assert counts["int4"] + counts["int8_rows"] + counts["int8"] == len(mlp) + len(attention) + 1
+
+
+def test_off_grid_layers_above_the_small_size_go_to_fbgemm(monkeypatch):
+    tokenizer = tiny_tokenizer()
+    model = tiny_qwen2(len(tokenizer), seed=1, hidden=64, dtype=torch.float32)
+    monkeypatch.setattr(int4, "SMALL_INT8", 64 * 64 - 1)  # the 64 x 64 attention projections are now "large"
+    counts = use_int4_linears(model, lm_head=model.get_output_embeddings())
+    q_proj = model.model.layers[0].self_attn.q_proj
+    assert type(q_proj.quantized) is QuantizedLinear and counts["int8"] > 0
 
 
 def test_a_prefix_logits_do_not_depend_on_later_tokens_in_the_batch():

@@ -26,8 +26,9 @@ KERNELS = {
     "torch": "transformers' own linears (float weights)",
     "onednn": "oneDNN, packed float weights",
     "int8": "int8 weights per channel (LM head included), per-token dynamic {bits} activations, fbgemm",
-    "int4": "4-bit weights per 32 inputs in {int4} linears (verispec's kernel; prompts over 64 tokens on an int8 "
-    "copy), int8 per channel in {int8} (fbgemm), per-token dynamic {bits} activations",
+    "int4": "4-bit weights per 32 inputs in {int4} linears and int8 per row in {int8_rows} (verispec's kernel; "
+    "prompts over 64 tokens on an int8 copy), int8 per channel in {int8} (fbgemm), per-token dynamic {bits} "
+    "activations",
 }
 
 

@@ -6,7 +6,9 @@ that are exactly `scale * q + offset` with q in 0..15 for every group of 32 inpu
 Those layers are repacked without rounding (`grid_4bit` recovers q, scale and offset; scale and offset are stored in
 float16) and run by verispec's own kernel (verispec/native/int4_linear.cpp: AVX-512 VNNI, activations quantized to
 int8 per token, a forward over a few tokens costing little more than one). Layers whose weights are on no 4-bit
-grid (the GGUF's 6-bit layers, any float model) take the int8 path of verispec.models.quantized, as before.
+grid (the GGUF's 6-bit layers, any float model) go to int8: the small ones run the same kernel's 8-bit path in
+decode and verify passes (`Int8RowLinear`: fbgemm's dynamic linear pays a fixed cost per call that made a 256 x 1536
+layer take several times its 4-bit neighbour's time), the large ones and every prompt fbgemm (`SMALL_INT8`).
 
 Causality: activations get one scale per token and the kernel's sums run in a fixed order, so every row's outputs
 are bit-identical alone or inside any batch (tested).
@@ -30,7 +32,11 @@ ROWS = 16  # output rows per packed block (one AVX-512 vector)
 QUAD = 4  # blocks stored interleaved, group by group
 HUGE_PAGE = 2 << 20  # bytes; packed weights at least this large go to memory backed by huge pages
 ON_GRID = 0.99  # a layer goes to 4 bits when at least this share of its groups lies exactly on a 4-bit grid
-PROMPT_ROWS = 64  # forwards over more tokens than this (prompts) run a layer's int8 copy (see Int4Linear)
+PROMPT_ROWS = 64  # forwards over more tokens than this (prompts) run a layer's int8 copy (see KernelLinear)
+# Off-grid layers with at most this many weights run the kernel's 8-bit path, larger ones fbgemm's. Measured in the
+# default target's one-token forward: fbgemm spent ~0.3 ms per call on its 14 layers of 256 x 1536 (the kernel 0.06),
+# but read its 14 layers of 1536 x 8960 faster (12.6 ms against the kernel's 16.6) and its LM head at ~38 GB/s.
+SMALL_INT8 = 1 << 22
 SOURCE = Path(__file__).resolve().parent.parent / "native" / "int4_linear.cpp"
 
 
@@ -145,25 +151,19 @@ def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-class Int4Linear:
-    """y = x W^T + b with W in 4 bits per group of 32 (float16 scale and offset) and x in int8 per token.
+class KernelLinear:
+    """What the kernel's layers share: the call, the prompt-size switch and the output's dtype and shape.
 
     `prompt_linear`: the layer to run forwards of more than `PROMPT_ROWS` tokens instead (an int8 copy of the same
-    weights): on a prompt-sized batch the 4-bit kernel is compute-bound at about 1.7x fbgemm's time (its per-group
-    float scaling), while decode and verify passes are bound by the bytes read. Every method reads its prompt in one
-    such forward, so prompt positions are computed alike for all and greedy `sd` still reproduces greedy `ar`.
+    weights on fbgemm): on a prompt-sized batch the 4-bit kernel is compute-bound at about 1.7x fbgemm's time (its
+    per-group float scaling), while decode and verify passes are bound by the bytes read. Every method reads its
+    prompt in one such forward, so prompt positions are computed alike for all and greedy `sd` still reproduces
+    greedy `ar`.
     """
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bias: torch.Tensor | None,
-                 prompt_linear: QuantizedLinear | None = None) -> None:
-        self.out_features, self.in_features = q.shape
-        self.prompt_linear = prompt_linear
-        if self.out_features % (QUAD * ROWS) or self.in_features % GROUP:
-            raise ValueError(f"a 4-bit linear needs outputs in multiples of {QUAD * ROWS} and inputs in multiples of "
-                             f"{GROUP}; got {self.out_features} x {self.in_features}")
-        self.packed = pack(q, scale, offset)
-        self.bias = bias.detach().float().contiguous() if bias is not None else torch.empty(0)
-        self.kernel = extension()
+    out_features: int
+    in_features: int
+    prompt_linear: QuantizedLinear | None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward(x)
@@ -173,8 +173,38 @@ class Int4Linear:
         rows = x.reshape(-1, self.in_features).float().contiguous()
         if self.prompt_linear is not None and rows.shape[0] > PROMPT_ROWS:
             return self.prompt_linear(x)
-        y = self.kernel.linear(rows, self.packed, self.bias)
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return self._run(rows).to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def _run(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _prompts(self) -> str:
+        return f"; over {PROMPT_ROWS} tokens an int8 copy (fbgemm)" if self.prompt_linear is not None else ""
+
+    def _isa(self) -> str:
+        return "AVX-512 VNNI" if self.kernel.vnni() else "portable C++ (no AVX-512 VNNI here)"
+
+
+def _check_shape(out_features: int, in_features: int) -> None:
+    if out_features % (QUAD * ROWS) or in_features % GROUP:
+        raise ValueError(f"the kernel's linears need outputs in multiples of {QUAD * ROWS} and inputs in multiples "
+                         f"of {GROUP}; got {out_features} x {in_features}")
+
+
+class Int4Linear(KernelLinear):
+    """y = x W^T + b with W in 4 bits per group of 32 (float16 scale and offset) and x in int8 per token."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bias: torch.Tensor | None,
+                 prompt_linear: QuantizedLinear | None = None) -> None:
+        self.out_features, self.in_features = q.shape
+        self.prompt_linear = prompt_linear
+        _check_shape(self.out_features, self.in_features)
+        self.packed = pack(q, scale, offset)
+        self.bias = bias.detach().float().contiguous() if bias is not None else torch.empty(0)
+        self.kernel = extension()
+
+    def _run(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.kernel.linear(rows, self.packed, self.bias)
 
     def dequantized(self) -> torch.Tensor:
         """Return the float32 weights [out, in] this layer computes with (for tests and error reports)."""
@@ -192,9 +222,52 @@ class Int4Linear:
 
     def describe(self) -> str:
         """Return which kernel and number formats this layer runs."""
-        isa = "AVX-512 VNNI" if self.kernel.vnni() else "portable C++ (no AVX-512 VNNI here)"
-        prompts = f"; over {PROMPT_ROWS} tokens an int8 copy (fbgemm)" if self.prompt_linear is not None else ""
-        return f"4-bit weights per 32 inputs, per-token dynamic 8-bit activations ({isa}){prompts}"
+        return f"4-bit weights per 32 inputs, per-token dynamic 8-bit activations ({self._isa()}){self._prompts()}"
+
+def pack8(wq: torch.Tensor) -> torch.Tensor:
+    """Return the kernel's layout of int8 weights [out, in]: [out/64, in/32, 4, 512] int8, per quad of 16-row blocks,
+    chunk of 32 inputs and block: 8 vectors of 16 rows x 4 inputs (described in int4_linear.cpp)."""
+    n, k = wq.shape
+    cells = wq.reshape(n // (QUAD * ROWS), QUAD, ROWS, k // GROUP, 8, 4).permute(0, 3, 1, 4, 2, 5)
+    return huge_page_copy(cells.reshape(n // (QUAD * ROWS), k // GROUP, QUAD, 512))
+
+
+class Int8RowLinear(KernelLinear):
+    """y = x W^T + b with W in int8 (one float32 scale per output row: max |w| / 127) and x in int8 per token, on
+    the kernel's 8-bit path."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 prompt_linear: QuantizedLinear | None = None) -> None:
+        self.out_features, self.in_features = weight.shape
+        self.prompt_linear = prompt_linear
+        _check_shape(self.out_features, self.in_features)
+        scales, levels = [], []
+        chunk = max(1, (1 << 22) // self.in_features)  # rows at a time: an LM head's float temporaries are GBs
+        for start in range(0, self.out_features, chunk):
+            w = weight[start: start + chunk].detach().float()
+            scale = w.abs().amax(1) / 127
+            scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row stays zero
+            scales.append(scale)
+            levels.append(torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8))
+        wq = torch.cat(levels)
+        self.scale = torch.cat(scales).contiguous()
+        self.rowsum = wq.sum(1, dtype=torch.int32).contiguous()
+        self.packed = pack8(wq)
+        self.bias = bias.detach().float().contiguous() if bias is not None else torch.empty(0)
+        self.kernel = extension()
+
+    def _run(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.kernel.linear8(rows, self.packed, self.scale, self.rowsum, self.bias)
+
+    def dequantized(self) -> torch.Tensor:
+        """Return the float32 weights [out, in] this layer computes with (for tests and error reports)."""
+        quads, chunks = self.packed.shape[:2]
+        cells = self.packed.reshape(quads, chunks, QUAD, 8, ROWS, 4).permute(0, 2, 4, 1, 3, 5)
+        return cells.reshape(self.out_features, self.in_features).float() * self.scale[:, None]
+
+    def describe(self) -> str:
+        """Return which kernel and number formats this layer runs."""
+        return f"int8 weights per row, per-token dynamic 8-bit activations ({self._isa()}){self._prompts()}"
 
 
 def fits_4bit(module: torch.nn.Linear) -> bool:
@@ -205,23 +278,28 @@ def fits_4bit(module: torch.nn.Linear) -> bool:
 @torch.no_grad()
 def use_int4_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = None) -> dict[str, int]:
     """Route every fp32/bf16 CPU nn.Linear of `model` through `Int4Linear` where its weights lie on a 4-bit grid
-    (at least `ON_GRID` of its groups; with an int8 copy for prompt-sized forwards) and through int8
-    `QuantizedLinear` otherwise; return the count of each.
+    (at least `ON_GRID` of its groups), else through `Int8RowLinear` when it has at most `SMALL_INT8` weights (both
+    with an fbgemm int8 copy for prompt-sized forwards), else through fbgemm's `QuantizedLinear` alone (also where
+    the kernel's shapes do not fit); return how many went to each ("int4", "int8_rows", "int8": fbgemm).
 
     Placeholders and tied weights are handled as `use_int8_linears` does (the LM head gets its own copy)."""
     if quantized_engine() is None:
-        return {"int4": 0, "int8": 0}
+        return {"int4": 0, "int8_rows": 0, "int8": 0}
     extension()  # build before the minutes of packing, and fail early with a clear error
 
-    def make(module: torch.nn.Linear) -> Int4Linear | QuantizedLinear:
-        if fits_4bit(module):
-            q, scale, offset, share = grid_4bit(module.weight)
-            if share >= ON_GRID:
-                prompt_linear = QuantizedLinear(module.weight, module.bias)
-                return Int4Linear(q, scale, offset, module.bias, prompt_linear=prompt_linear)
-        return QuantizedLinear(module.weight, module.bias)
+    def make(module: torch.nn.Linear) -> KernelLinear | QuantizedLinear:
+        if not fits_4bit(module):
+            return QuantizedLinear(module.weight, module.bias)
+        prompt_linear = QuantizedLinear(module.weight, module.bias)
+        q, scale, offset, share = grid_4bit(module.weight)
+        if share >= ON_GRID:
+            return Int4Linear(q, scale, offset, module.bias, prompt_linear=prompt_linear)
+        if module.weight.numel() <= SMALL_INT8:
+            return Int8RowLinear(module.weight, module.bias, prompt_linear=prompt_linear)
+        return prompt_linear
 
     layers = replace_linears(model, make, lm_head)
-    counts = {"int4": sum(isinstance(layer, Int4Linear) for layer in layers)}
-    counts["int8"] = len(layers) - counts["int4"]
+    counts = {"int4": sum(isinstance(layer, Int4Linear) for layer in layers),
+              "int8_rows": sum(isinstance(layer, Int8RowLinear) for layer in layers)}
+    counts["int8"] = len(layers) - counts["int4"] - counts["int8_rows"]
     return counts

@@ -16,6 +16,11 @@
 // a thread reads its weights as one sequential stream. Per block and group of 32 inputs, 320 bytes: 4 vectors of 64
 // bytes whose byte (p, j, b) holds q[j][4p + b] in its low nibble and q[j][4(p + 4) + b] in its high nibble (j the
 // row in the block), then the 16 rows' float16 scales, then their float16 offsets.
+//
+// linear8: the same for int8 weights with one float32 scale per output row (layers a 4-bit GGUF keeps in more bits).
+// The integer sum runs over all inputs at once, so there is no per-group float work; vpdpbusd takes the activations
+// as unsigned bytes (int8 + 128) and the weights as signed ones, and 128 x the row's weight sum is taken off after.
+// Packed: [quad][chunk of 32 inputs][block][8 vectors of 64 bytes], byte (p, j, b) = w[j][4p + b] (j: row in block).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -39,6 +44,8 @@ constexpr int kSuper = 64;     // tokens whose activations stay in cache while e
 constexpr int kQuad = 4;       // blocks stored interleaved, group by group: one sequential stream per thread
 constexpr int kCell = 320;     // bytes per block and group: 256 of weights, 32 of scales, 32 of offsets
 constexpr int64_t kQuadGroup = kQuad * kCell;
+constexpr int kCell8 = 512;    // int8 weights: bytes per block and chunk of 32 inputs
+constexpr int64_t kQuadChunk8 = kQuad * kCell8;
 constexpr int64_t kPrefetch = 16384;  // bytes ahead of the weights in use that are asked into L2
 
 // Per token t: int8 activations xq[t] (x * 127 / max|x| rounded half to even), the scale s = max|x| / 127, and the
@@ -164,12 +171,65 @@ inline void tile(const uint8_t* quad, int64_t G, const int8_t* xq, int64_t K, co
 }
 #endif
 
+
+// acc[r][t][16] (int32) for RB blocks r of one quad of int8 weights and TT tokens t: sum over inputs of
+// (xq + 128) * w, exact (|sum| < 255 * 127 * K). With one token each sum runs in 4 interleaved accumulators (inputs
+// 4p.. into p mod 4; 2 with two tokens): one chain per block read a 1536 x 8960 layer at 13 GB/s, four at 17 (the
+// integer sums are exact, so the split changes no bit). More tokens have chains enough, and no registers to spare.
+template <int RB, int TT>
+inline void tile8(const uint8_t* quad, int64_t C, const int8_t* xq, int64_t K, int32_t* acc_out) {
+#if VERISPEC_VNNI
+  constexpr int A = TT == 1 ? 4 : (TT == 2 ? 2 : 1);
+  __m512i acc[A][RB][TT];
+  for (int a = 0; a < A; ++a)
+    for (int r = 0; r < RB; ++r)
+      for (int t = 0; t < TT; ++t) acc[a][r][t] = _mm512_setzero_si512();
+  for (int64_t c = 0; c < C; ++c) {
+    const uint8_t* chunk = quad + c * kQuadChunk8;
+    for (int b = 0; b < RB * kCell8; b += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(chunk + b + kPrefetch), _MM_HINT_T1);
+    for (int p = 0; p < 8; ++p) {
+      for (int r = 0; r < RB; ++r) {
+        const __m512i v = _mm512_loadu_si512(chunk + r * kCell8 + 64 * p);
+        for (int t = 0; t < TT; ++t) {
+          const int32_t xu = load32(xq + t * K + c * kGroup + 4 * p) ^ static_cast<int32_t>(0x80808080u);
+          acc[p % A][r][t] = _mm512_dpbusd_epi32(acc[p % A][r][t], _mm512_set1_epi32(xu), v);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int t = 0; t < TT; ++t) {
+      __m512i sum = acc[0][r][t];
+      for (int a = 1; a < A; ++a) sum = _mm512_add_epi32(sum, acc[a][r][t]);
+      _mm512_storeu_si512(reinterpret_cast<__m512i*>(acc_out + (r * TT + t) * kRows), sum);
+    }
+#else
+  for (int r = 0; r < RB; ++r)
+    for (int t = 0; t < TT; ++t)
+      for (int j = 0; j < kRows; ++j) {
+        int32_t sum = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          const uint8_t* cell = quad + c * kQuadChunk8 + r * kCell8;
+          for (int p = 0; p < 8; ++p)
+            for (int b = 0; b < 4; ++b)
+              sum += (static_cast<int32_t>(xq[t * K + c * kGroup + 4 * p + b]) + 128) *
+                     static_cast<int8_t>(cell[64 * p + 4 * j + b]);
+        }
+        acc_out[(r * TT + t) * kRows + j] = sum;
+      }
+#endif
+}
+
 using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*, float*);
 // Per token count 1..8: the tile, and how many of a quad's blocks it takes at once (more where few tokens would
 // leave vpdpbusd's latency exposed).
 constexpr TileFn kTiles[kTile + 1] = {nullptr, tile<4, 1>, tile<4, 2>, tile<2, 3>, tile<2, 4>, tile<2, 5>,
                                      tile<2, 6>, tile<1, 7>, tile<1, 8>};
 constexpr int kTileBlocks[kTile + 1] = {0, 4, 4, 2, 2, 2, 2, 1, 1};
+using Tile8Fn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, int32_t*);
+constexpr Tile8Fn kTiles8[kTile + 1] = {nullptr, tile8<4, 1>, tile8<4, 2>, tile8<2, 3>, tile8<2, 4>, tile8<2, 5>,
+                                        tile8<2, 6>, tile8<1, 7>, tile8<1, 8>};
 
 }  // namespace
 
@@ -222,9 +282,66 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
   return y;
 }
 
+// x [T, K] float32 (contiguous); packed [N/64, K/32, 4, 512] int8 weights (see the layout above); scale [N] float32
+// (per row); rowsum [N] int32 (the row's weight sum); bias [N] float32 or empty. Returns [T, N] float32.
+torch::Tensor linear8(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale,
+                      const torch::Tensor& rowsum, const torch::Tensor& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [T, K] fp32");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kQuad && packed.size(3) == kCell8 &&
+                  packed.scalar_type() == torch::kInt8 && packed.is_contiguous(), "packed: [N/64, K/32, 4, 512] int8");
+  const int64_t T = x.size(0), K = x.size(1), NQ = packed.size(0), C = packed.size(1), N = NQ * kQuad * kRows;
+  TORCH_CHECK(C * kGroup == K, "x has ", K, " inputs, the weights ", C * kGroup);
+  TORCH_CHECK(scale.numel() == N && scale.scalar_type() == torch::kFloat32 && scale.is_contiguous(), "scale: [N] fp32");
+  TORCH_CHECK(rowsum.numel() == N && rowsum.scalar_type() == torch::kInt32 && rowsum.is_contiguous(), "rowsum: [N] int32");
+  const bool has_bias = bias.numel() > 0;
+  TORCH_CHECK(!has_bias || (bias.numel() == N && bias.scalar_type() == torch::kFloat32), "bias: [N] fp32");
+  auto y = torch::empty({T, N}, x.options());
+  if (T == 0) return y;
+  auto xq = torch::empty({T, K}, x.options().dtype(torch::kInt8));
+  auto xs = torch::empty({T}, x.options());
+  auto xsum = torch::empty({T, C}, x.options());
+  quantize_rows(x.data_ptr<float>(), T, K, xq.data_ptr<int8_t>(), xs.data_ptr<float>(), xsum.data_ptr<float>());
+  const uint8_t* pk = reinterpret_cast<const uint8_t*>(packed.data_ptr<int8_t>());
+  const float* ws = scale.data_ptr<float>();
+  const int32_t* rs = rowsum.data_ptr<int32_t>();
+  const float* bs = has_bias ? bias.data_ptr<float>() : nullptr;
+  const int8_t* q = xq.data_ptr<int8_t>();
+  const float* s = xs.data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, NQ, 1, [&](int64_t q0, int64_t q1) {
+    int32_t acc[kTile * kRows * kQuad];
+    for (int64_t s0 = 0; s0 < T; s0 += kSuper) {
+      const int64_t s1 = std::min(T, s0 + kSuper);
+      for (int64_t nq = q0; nq < q1; ++nq) {
+        const uint8_t* quad = pk + nq * C * kQuadChunk8;
+        for (int64_t t0 = s0; t0 < s1; t0 += kTile) {
+          const int tt = static_cast<int>(std::min<int64_t>(kTile, s1 - t0));
+          const int rb = kTileBlocks[tt];
+          for (int r0 = 0; r0 < kQuad; r0 += rb) {
+            kTiles8[tt](quad + r0 * kCell8, C, q + t0 * K, K, acc);
+            for (int r = 0; r < rb; ++r) {
+              const int64_t n0 = (nq * kQuad + r0 + r) * kRows;
+              for (int t = 0; t < tt; ++t) {
+                const int32_t* a = acc + (r * tt + t) * kRows;
+                float* row = out + (t0 + t) * N + n0;
+                for (int j = 0; j < kRows; ++j) {
+                  const float dot = static_cast<float>(a[j] - 128 * rs[n0 + j]);  // exact: |.| < 2^31
+                  row[j] = std::fma(dot, ws[n0 + j] * s[t0 + t], has_bias ? bs[n0 + j] : 0.0f);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+  return y;
+}
+
 bool vnni() { return VERISPEC_VNNI; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "4-bit-weight, per-token int8-activation linear");
+  m.def("linear8", &linear8, "int8-weight (per-row scale), per-token int8-activation linear");
   m.def("vnni", &vnni, "whether this build uses AVX-512 VNNI");
 }
