@@ -294,7 +294,7 @@ def use_int4_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = N
         q, scale, offset, share = grid_4bit(module.weight)
         if share >= ON_GRID:
             return Int4Linear(q, scale, offset, module.bias, prompt_linear=prompt_linear)
-        if module.weight.numel() <= SMALL_INT8:
+        if module.weight.numel() <= SMALL_INT8:  # so at most 65,536 inputs: the 8-bit path sums in int32
             return Int8RowLinear(module.weight, module.bias, prompt_linear=prompt_linear)
         return prompt_linear
 

@@ -171,7 +171,6 @@ inline void tile(const uint8_t* quad, int64_t G, const int8_t* xq, int64_t K, co
 }
 #endif
 
-
 // acc[r][t][16] (int32) for RB blocks r of one quad of int8 weights and TT tokens t: sum over inputs of
 // (xq + 128) * w, exact (|sum| < 255 * 127 * K). With one token each sum runs in 4 interleaved accumulators (inputs
 // 4p.. into p mod 4; 2 with two tokens): one chain per block read a 1536 x 8960 layer at 13 GB/s, four at 17 (the
@@ -291,6 +290,7 @@ torch::Tensor linear8(const torch::Tensor& x, const torch::Tensor& packed, const
                   packed.scalar_type() == torch::kInt8 && packed.is_contiguous(), "packed: [N/64, K/32, 4, 512] int8");
   const int64_t T = x.size(0), K = x.size(1), NQ = packed.size(0), C = packed.size(1), N = NQ * kQuad * kRows;
   TORCH_CHECK(C * kGroup == K, "x has ", K, " inputs, the weights ", C * kGroup);
+  TORCH_CHECK(K <= 65536, "the 8-bit path sums in int32: at most 65536 inputs, got ", K);
   TORCH_CHECK(scale.numel() == N && scale.scalar_type() == torch::kFloat32 && scale.is_contiguous(), "scale: [N] fp32");
   TORCH_CHECK(rowsum.numel() == N && rowsum.scalar_type() == torch::kInt32 && rowsum.is_contiguous(), "rowsum: [N] int32");
   const bool has_bias = bias.numel() > 0;
