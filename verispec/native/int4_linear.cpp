@@ -232,52 +232,79 @@ constexpr Tile8Fn kTiles8[kTile + 1] = {nullptr, tile8<4, 1>, tile8<4, 2>, tile8
 
 }  // namespace
 
-// x [T, K] float32 (contiguous); packed [N/64, K/32, 4, 320] uint8 (see the layout above); bias [N] float32 or
-// empty. Returns [T, N] float32.
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [T, K] fp32");
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kQuad && packed.size(3) == kCell &&
-                  packed.scalar_type() == torch::kUInt8 && packed.is_contiguous(), "packed: [N/64, K/32, 4, 320] uint8");
-  const int64_t T = x.size(0), K = x.size(1), NQ = packed.size(0), G = packed.size(1), N = NQ * kQuad * kRows;
-  TORCH_CHECK(G * kGroup == K, "x has ", K, " inputs, the weights ", G * kGroup);
-  const bool has_bias = bias.numel() > 0;
-  TORCH_CHECK(!has_bias || (bias.numel() == N && bias.scalar_type() == torch::kFloat32), "bias: [N] fp32");
-  auto y = torch::empty({T, N}, x.options());
-  if (T == 0) return y;
-  auto xq = torch::empty({T, K}, x.options().dtype(torch::kInt8));
-  auto xs = torch::empty({T}, x.options());
-  auto xsum = torch::empty({T, G}, x.options());
-  quantize_rows(x.data_ptr<float>(), T, K, xq.data_ptr<int8_t>(), xs.data_ptr<float>(), xsum.data_ptr<float>());
-  const uint8_t* pk = packed.data_ptr<uint8_t>();
-  const float* bs = has_bias ? bias.data_ptr<float>() : nullptr;
-  const int8_t* q = xq.data_ptr<int8_t>();
-  const float* s = xs.data_ptr<float>();
-  const float* sums = xsum.data_ptr<float>();
-  float* out = y.data_ptr<float>();
+namespace {
+
+// Every token's int8 activations, scale and per-group sums (quantize_rows), for x [T, K].
+struct TokenQuant {
+  torch::Tensor q, scale, sums;
+};
+
+TokenQuant quantize(const torch::Tensor& x) {
+  const int64_t T = x.size(0), K = x.size(1);
+  TokenQuant a{torch::empty({T, K}, x.options().dtype(torch::kInt8)), torch::empty({T}, x.options()),
+               torch::empty({T, K / kGroup}, x.options())};
+  quantize_rows(x.data_ptr<float>(), T, K, a.q.data_ptr<int8_t>(), a.scale.data_ptr<float>(), a.sums.data_ptr<float>());
+  return a;
+}
+
+// The traversal both paths share: quads of blocks split over the threads, up to kSuper tokens at a time passing each
+// quad while its weights stay in cache, register tiles of up to kTile tokens. run(nq, r0, t0, tt, acc) fills acc for
+// the tile's blocks r0.. of quad nq and tokens t0..t0+tt; store(n0, t, a) writes token t's outputs n0..n0+15 from a.
+template <typename Acc, typename Run, typename Store>
+void over_tiles(int64_t NQ, int64_t T, const Run& run, const Store& store) {
   at::parallel_for(0, NQ, 1, [&](int64_t q0, int64_t q1) {
-    float acc[kTile * kRows * kQuad];
+    Acc acc[kTile * kRows * kQuad];
     for (int64_t s0 = 0; s0 < T; s0 += kSuper) {
       const int64_t s1 = std::min(T, s0 + kSuper);
-      for (int64_t nq = q0; nq < q1; ++nq) {  // one quad's weights stay in cache while the tokens pass
-        const uint8_t* quad = pk + nq * G * kQuadGroup;
+      for (int64_t nq = q0; nq < q1; ++nq) {
         for (int64_t t0 = s0; t0 < s1; t0 += kTile) {
           const int tt = static_cast<int>(std::min<int64_t>(kTile, s1 - t0));
           const int rb = kTileBlocks[tt];
           for (int r0 = 0; r0 < kQuad; r0 += rb) {
-            kTiles[tt](quad + r0 * kCell, G, q + t0 * K, K, sums + t0 * G, acc);
-            for (int r = 0; r < rb; ++r) {
-              const int64_t n0 = (nq * kQuad + r0 + r) * kRows;
-              for (int t = 0; t < tt; ++t) {
-                const float* a = acc + (r * tt + t) * kRows;
-                float* row = out + (t0 + t) * N + n0;
-                for (int j = 0; j < kRows; ++j) row[j] = std::fma(a[j], s[t0 + t], has_bias ? bs[n0 + j] : 0.0f);
-              }
-            }
+            run(nq, r0, t0, tt, acc);
+            for (int r = 0; r < rb; ++r)
+              for (int t = 0; t < tt; ++t) store((nq * kQuad + r0 + r) * kRows, t0 + t, acc + (r * tt + t) * kRows);
           }
         }
       }
     }
   });
+}
+
+void check_x_and_bias(const torch::Tensor& x, const torch::Tensor& bias, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [T, K] fp32");
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == N && bias.scalar_type() == torch::kFloat32), "bias: [N] fp32");
+}
+
+}  // namespace
+
+// x [T, K] float32 (contiguous); packed [N/64, K/32, 4, 320] uint8 (see the layout above); bias [N] float32 or
+// empty. Returns [T, N] float32.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kQuad && packed.size(3) == kCell &&
+                  packed.scalar_type() == torch::kUInt8 && packed.is_contiguous(), "packed: [N/64, K/32, 4, 320] uint8");
+  const int64_t NQ = packed.size(0), G = packed.size(1), N = NQ * kQuad * kRows;
+  check_x_and_bias(x, bias, N);
+  const int64_t T = x.size(0), K = x.size(1);
+  TORCH_CHECK(G * kGroup == K, "x has ", K, " inputs, the weights ", G * kGroup);
+  auto y = torch::empty({T, N}, x.options());
+  if (T == 0) return y;
+  const TokenQuant a = quantize(x);
+  const uint8_t* pk = packed.data_ptr<uint8_t>();
+  const float* bs = bias.numel() > 0 ? bias.data_ptr<float>() : nullptr;
+  const int8_t* q = a.q.data_ptr<int8_t>();
+  const float* s = a.scale.data_ptr<float>();
+  const float* sums = a.sums.data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  over_tiles<float>(
+      NQ, T,
+      [&](int64_t nq, int r0, int64_t t0, int tt, float* acc) {
+        kTiles[tt](pk + nq * G * kQuadGroup + r0 * kCell, G, q + t0 * K, K, sums + t0 * G, acc);
+      },
+      [&](int64_t n0, int64_t t, const float* acc) {
+        float* row = out + t * N + n0;
+        for (int j = 0; j < kRows; ++j) row[j] = std::fma(acc[j], s[t], bs ? bs[n0 + j] : 0.0f);
+      });
   return y;
 }
 
@@ -285,56 +312,37 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
 // (per row); rowsum [N] int32 (the row's weight sum); bias [N] float32 or empty. Returns [T, N] float32.
 torch::Tensor linear8(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale,
                       const torch::Tensor& rowsum, const torch::Tensor& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [T, K] fp32");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kQuad && packed.size(3) == kCell8 &&
                   packed.scalar_type() == torch::kInt8 && packed.is_contiguous(), "packed: [N/64, K/32, 4, 512] int8");
-  const int64_t T = x.size(0), K = x.size(1), NQ = packed.size(0), C = packed.size(1), N = NQ * kQuad * kRows;
+  const int64_t NQ = packed.size(0), C = packed.size(1), N = NQ * kQuad * kRows;
+  check_x_and_bias(x, bias, N);
+  const int64_t T = x.size(0), K = x.size(1);
   TORCH_CHECK(C * kGroup == K, "x has ", K, " inputs, the weights ", C * kGroup);
   TORCH_CHECK(K <= 65536, "the 8-bit path sums in int32: at most 65536 inputs, got ", K);
   TORCH_CHECK(scale.numel() == N && scale.scalar_type() == torch::kFloat32 && scale.is_contiguous(), "scale: [N] fp32");
   TORCH_CHECK(rowsum.numel() == N && rowsum.scalar_type() == torch::kInt32 && rowsum.is_contiguous(), "rowsum: [N] int32");
-  const bool has_bias = bias.numel() > 0;
-  TORCH_CHECK(!has_bias || (bias.numel() == N && bias.scalar_type() == torch::kFloat32), "bias: [N] fp32");
   auto y = torch::empty({T, N}, x.options());
   if (T == 0) return y;
-  auto xq = torch::empty({T, K}, x.options().dtype(torch::kInt8));
-  auto xs = torch::empty({T}, x.options());
-  auto xsum = torch::empty({T, C}, x.options());
-  quantize_rows(x.data_ptr<float>(), T, K, xq.data_ptr<int8_t>(), xs.data_ptr<float>(), xsum.data_ptr<float>());
+  const TokenQuant a = quantize(x);
   const uint8_t* pk = reinterpret_cast<const uint8_t*>(packed.data_ptr<int8_t>());
   const float* ws = scale.data_ptr<float>();
   const int32_t* rs = rowsum.data_ptr<int32_t>();
-  const float* bs = has_bias ? bias.data_ptr<float>() : nullptr;
-  const int8_t* q = xq.data_ptr<int8_t>();
-  const float* s = xs.data_ptr<float>();
+  const float* bs = bias.numel() > 0 ? bias.data_ptr<float>() : nullptr;
+  const int8_t* q = a.q.data_ptr<int8_t>();
+  const float* s = a.scale.data_ptr<float>();
   float* out = y.data_ptr<float>();
-  at::parallel_for(0, NQ, 1, [&](int64_t q0, int64_t q1) {
-    int32_t acc[kTile * kRows * kQuad];
-    for (int64_t s0 = 0; s0 < T; s0 += kSuper) {
-      const int64_t s1 = std::min(T, s0 + kSuper);
-      for (int64_t nq = q0; nq < q1; ++nq) {
-        const uint8_t* quad = pk + nq * C * kQuadChunk8;
-        for (int64_t t0 = s0; t0 < s1; t0 += kTile) {
-          const int tt = static_cast<int>(std::min<int64_t>(kTile, s1 - t0));
-          const int rb = kTileBlocks[tt];
-          for (int r0 = 0; r0 < kQuad; r0 += rb) {
-            kTiles8[tt](quad + r0 * kCell8, C, q + t0 * K, K, acc);
-            for (int r = 0; r < rb; ++r) {
-              const int64_t n0 = (nq * kQuad + r0 + r) * kRows;
-              for (int t = 0; t < tt; ++t) {
-                const int32_t* a = acc + (r * tt + t) * kRows;
-                float* row = out + (t0 + t) * N + n0;
-                for (int j = 0; j < kRows; ++j) {
-                  const float dot = static_cast<float>(a[j] - 128 * rs[n0 + j]);  // exact: |.| < 2^31
-                  row[j] = std::fma(dot, ws[n0 + j] * s[t0 + t], has_bias ? bs[n0 + j] : 0.0f);
-                }
-              }
-            }
-          }
+  over_tiles<int32_t>(
+      NQ, T,
+      [&](int64_t nq, int r0, int64_t t0, int tt, int32_t* acc) {
+        kTiles8[tt](pk + nq * C * kQuadChunk8 + r0 * kCell8, C, q + t0 * K, K, acc);
+      },
+      [&](int64_t n0, int64_t t, const int32_t* acc) {
+        float* row = out + t * N + n0;
+        for (int j = 0; j < kRows; ++j) {
+          const float dot = static_cast<float>(acc[j] - 128 * rs[n0 + j]);  // exact: |.| < 2^31
+          row[j] = std::fma(dot, ws[n0 + j] * s[t], bs ? bs[n0 + j] : 0.0f);
         }
-      }
-    }
-  });
+      });
   return y;
 }
 
