@@ -224,6 +224,7 @@ class Int4Linear(KernelLinear):
         """Return which kernel and number formats this layer runs."""
         return f"4-bit weights per 32 inputs, per-token dynamic 8-bit activations ({self._isa()}){self._prompts()}"
 
+
 def pack8(wq: torch.Tensor) -> torch.Tensor:
     """Return the kernel's layout of int8 weights [out, in]: [out/64, in/32, 4, 512] int8, per quad of 16-row blocks,
     chunk of 32 inputs and block: 8 vectors of 16 rows x 4 inputs (described in int4_linear.cpp)."""
