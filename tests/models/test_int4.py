@@ -65,7 +65,7 @@ def test_weights_on_no_grid_are_reported_as_such():
     assert grid_4bit(weight)[3] < 0.01
 
 
-def reference(layer: Int4Linear, x: torch.Tensor) -> torch.Tensor:
+def reference(layer: Int4Linear | Int8RowLinear, x: torch.Tensor) -> torch.Tensor:
     """x quantized per token as the kernel does (x * 127 / max|x|, half to even), then float64 products."""
     peak = x.abs().amax(1, keepdim=True).clamp_min(1e-30)
     xq = torch.round(x * (127.0 / peak))

@@ -9,6 +9,7 @@ import platform
 import pytest
 import torch
 
+from tests.models.test_int4 import reference  # x quantized per token as the kernel does, float64 products
 from verispec.models.int4 import PROMPT_ROWS, Int8RowLinear, extension
 from verispec.models.quantized import QuantizedLinear, quantized_engine
 
@@ -21,14 +22,6 @@ def layer_for(out_features: int, in_features: int, seed: int, bias: bool = True)
     weight[3] = 0.0  # an all-zero row: its output is the bias
     weight[5] *= 40  # rows of very different ranges: each has its own scale
     return Int8RowLinear(weight, torch.randn(out_features, generator=gen) if bias else None)
-
-
-def reference(layer: Int8RowLinear, x: torch.Tensor) -> torch.Tensor:
-    """x quantized per token as the kernel does (x * 127 / max|x|, half to even), then float64 products."""
-    peak = x.abs().amax(1, keepdim=True).clamp_min(1e-30)
-    xq = torch.round(x * (127.0 / peak))
-    y = (xq.double() @ layer.dequantized().double().T) * (peak.double() / 127.0)
-    return y + (layer.bias.double() if layer.bias.numel() else 0.0)
 
 
 def test_the_weights_are_rounded_per_row_to_half_a_step():
