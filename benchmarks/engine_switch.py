@@ -1,10 +1,13 @@
-"""One engine switch on and off, paired on the same prompts: the thread rule, verispec's decoder loop, or int4.
+"""One engine switch on and off, paired on the same prompts: the thread rule, verispec's decoder loop, its in-place
+KV cache, or int4.
 
 `--switch thread-rule`: with the draft in llama.cpp and the target in torch, both thread pools share the cores; the
 engine keeps torch at one thread outside the target's forwards so that no OpenMP worker spins while llama.cpp
 computes (`verispec.models.threads`). Off: `verispec.engine.shared_cores` replaced by a pass-through.
 `--switch decoder-loop`: the target runs on verispec's decoder loop (`verispec.models.lean`); off: on transformers'
 forward (`HFCausalLM.set_decoder_loop(False)`).
+`--switch kv-cache`: the decoder loop writes its KV cache in place (`verispec.models.kv_cache`); off: it appends to
+transformers' DynamicCache by concatenation.
 `--switch int4`: the target on the int4 linear backend (its 4-bit GGUF layers in 4 bits, verispec.models.int4);
 off: on int8. Two decoders are loaded; their numerics differ, so the arms may write different tokens (counted).
 
@@ -17,8 +20,10 @@ script prints the ratio of total time per token with a 95% percentile-bootstrap 
     .venv/bin/python benchmarks/engine_switch.py --switch decoder-loop --runs ar model hybrid \
         --out results/decoder-loop.json
 
-HumanEval problems from position `--offset` of the seed-0 order (the main llama.cpp runs use positions 0-19);
-int8 target, llama.cpp draft (needs `make peers`), T = 0, γ = 4, 128 new tokens.
+HumanEval problems (or `--source` prompts) from position `--offset` of the seed-0 order (the main llama.cpp runs
+use positions 0-19 of HumanEval);
+int8 target (`--linear-backend` for the other switches), llama.cpp draft (needs `make peers`), T = 0, γ = 4, 128
+new tokens.
 """
 
 from __future__ import annotations
@@ -58,13 +63,19 @@ def switch_setter(switch: str, decoder: Decoder) -> Callable[[bool], None]:
         return set_rule
     if switch == "decoder-loop":
         return decoder.model("target").set_decoder_loop
+    if switch == "kv-cache":
+        return lambda on: decoder.model("target").set_decoder_loop(True, in_place_cache=on)
     return lambda on: None  # int4: the arms are two decoders
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--switch", required=True, choices=["thread-rule", "decoder-loop", "int4"])
+    parser.add_argument("--switch", required=True, choices=["thread-rule", "decoder-loop", "kv-cache", "int4"])
+    parser.add_argument("--linear-backend", default="int8", choices=["int8", "int4"],
+                        help="the target's linears (not for --switch int4, whose arms are int4 and int8)")
     parser.add_argument("--prompts", type=int, default=10)
+    parser.add_argument("--source", default="humaneval", help="the prompt set (as `verispec bench --prompts`)")
+    parser.add_argument("--category", nargs="+", default=None, help="only these categories of the prompt set")
     parser.add_argument("--offset", type=int, default=20)
     parser.add_argument("--runs", nargs="+", default=["model", "hybrid"],
                         help="ar, or a drafter for sd (model, ngram, hybrid)")
@@ -73,10 +84,10 @@ def main() -> None:
     args = parser.parse_args()
     out_path = Path(args.out or f"results/{args.switch}.json")
     torch.set_num_threads(args.threads)
-    decoder = Decoder(None, "llamacpp:default", linear_backend="int8")
+    decoder = Decoder(None, "llamacpp:default", linear_backend="int8" if args.switch == "int4" else args.linear_backend)
     decoders = {"on": Decoder(None, "llamacpp:default", linear_backend="int4"), "off": decoder} \
         if args.switch == "int4" else {"on": decoder, "off": decoder}
-    prompts = load_prompts("humaneval", limit=args.prompts, seed=0, offset=args.offset)
+    prompts = load_prompts(args.source, category=args.category, limit=args.prompts, seed=0, offset=args.offset)
     for d in {id(d): d for d in decoders.values()}.values():  # load and warm up
         d.generate("def f(x):", method="sd", gamma=4, max_new_tokens=8, temperature=0)
     set_switch = switch_setter(args.switch, decoder)

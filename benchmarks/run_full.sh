@@ -13,7 +13,7 @@
 #   llamacpp-draft-humaneval-T0 llamacpp-draft-dev-T0     against llama.cpp: the int8 target with llama.cpp's draft,
 #   llamacpp-draft-humaneval-T1 llamacpp-draft-dev-T1     next to llama.cpp's own plain and speculative decoding
 #   int4-llamacpp-draft-humaneval-T0                      the same on the int4 backend (4-bit GGUF layers in 4 bits)
-#   int4-llamacpp-draft-dev-T0
+#   int4-llamacpp-draft-dev-T0 int4-llamacpp-draft-humaneval-T1 int4-llamacpp-draft-dev-T1
 #   lossy-humaneval-T0 lossy-humaneval-T1                 the lossy rules and SPRINTER against ar, sd and draft:
 #                                                         HumanEval pass@1 by execution, speed on the int8 path
 #   lookup-categories-T0 lookup-categories-T1             prompt lookup (ngram), the hybrid and the model drafter on
@@ -211,6 +211,8 @@ case "$RUN" in
   llamacpp-draft-dev-T1) llamacpp_run dev 1 "${2:-20}" ;;
   int4-llamacpp-draft-humaneval-T0) llamacpp_run humaneval 0 "${2:-20}" int4 ;;
   int4-llamacpp-draft-dev-T0) llamacpp_run dev 0 "${2:-20}" int4 ;;
+  int4-llamacpp-draft-humaneval-T1) llamacpp_run humaneval 1 "${2:-20}" int4 ;;
+  int4-llamacpp-draft-dev-T1) llamacpp_run dev 1 "${2:-20}" int4 ;;
   lossy-humaneval-T0) lossy_run 0 "${2:-40}" ;;
   lossy-humaneval-T1) lossy_run 1 "${2:-40}" ;;
   lookup-categories-T0) lookup_run 0 "${2:-20}" ;;

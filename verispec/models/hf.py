@@ -12,6 +12,7 @@ import torch
 from safetensors import SafetensorError
 
 from verispec.errors import ConfigError, ModelFilesError
+from verispec.models.kv_cache import InPlaceKVCache
 from verispec.models.lean import LeanDecoder, lean_support
 from verispec.models.manifest import safetensors_problem
 from verispec.models.protocol import ForwardOutput, TreeCachedLM
@@ -30,7 +31,7 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 class HFCausalLM(TreeCachedLM):
-    """A transformers causal LM with a DynamicCache; implements `verispec.models.CausalLM`."""
+    """A transformers causal LM with a KV cache; implements `verispec.models.CausalLM`."""
 
     def __init__(
         self, model: Any, tokenizer: Any = None, name: str | None = None, vocab_ids: Sequence[int] | None = None,
@@ -54,16 +55,21 @@ class HFCausalLM(TreeCachedLM):
         self.draft_vocab: int | None = None  # N, or None for the full head
         if vocab_ids is not None:
             self._slice_head(vocab_ids)
-        self._new_cache = lambda: DynamicCache(config=model.config)
+        self._dynamic_cache = lambda: DynamicCache(config=model.config)
         self.set_decoder_loop(lean)
-        self.reset()
 
-    def set_decoder_loop(self, lean: bool) -> None:
+    def set_decoder_loop(self, lean: bool, in_place_cache: bool = True) -> None:
         """Run forwards on verispec's decoder loop (`lean`, where `lean_support` allows) or transformers' own;
-        `decoder_loop` says which runs."""
+        `decoder_loop` says which runs. The decoder loop keeps its KV cache in place (`InPlaceKVCache`) unless
+        `in_place_cache` is False (transformers' DynamicCache, as transformers' forward always does). Empties the
+        cache."""
         reason = lean_support(self.model) if lean else "transformers' forward requested"
         self._lean = LeanDecoder(self.model) if reason is None else None
         self.decoder_loop = "verispec's decoder loop" if reason is None else f"transformers' forward ({reason})"
+        layers = self.model.config.num_hidden_layers
+        self._new_cache = (lambda: InPlaceKVCache(layers)) if self._lean is not None and in_place_cache \
+            else self._dynamic_cache
+        self.reset()
 
     @torch.inference_mode()
     def _run(self, tokens: Sequence[int], n_logits: int, return_hidden: bool,
@@ -135,10 +141,13 @@ class HFCausalLM(TreeCachedLM):
         """Keep only the cache entries at `positions` (a chain: the committed prefix plus one tree path)."""
         self._tree.check_chain(positions)
         index = torch.as_tensor(list(positions), dtype=torch.long, device=self.device)
-        for layer in self._cache.layers:
-            if getattr(layer, "is_initialized", True) and getattr(layer, "keys", None) is not None:
-                layer.keys = layer.keys.index_select(-2, index)
-                layer.values = layer.values.index_select(-2, index)
+        if isinstance(self._cache, InPlaceKVCache):
+            self._cache.keep(index)
+        else:
+            for layer in self._cache.layers:
+                if getattr(layer, "is_initialized", True) and getattr(layer, "keys", None) is not None:
+                    layer.keys = layer.keys.index_select(-2, index)
+                    layer.values = layer.values.index_select(-2, index)
         self._tree = CacheTree.chain(len(positions))
 
     def reset(self) -> None:

@@ -1,13 +1,14 @@
-"""verispec's own decoder loop for Llama-family models (Qwen2, Llama): the same modules, weights and KV cache as
-transformers' forward, fewer framework steps.
+"""verispec's own decoder loop for Llama-family models (Qwen2, Llama): the same modules and weights as transformers'
+forward, fewer framework steps.
 
 Why: on a CPU a one-token forward of the 1.5B target on the int8 path spends about a third of its time outside its
 linears, mostly in transformers' generic machinery (mask building, per-module hooks and keyword plumbing, output
 records), and a speculative decode runs thousands of such forwards. This loop calls the model's own submodules
 (embedding, norms, projections, rotary embedding, LM head) in transformers' order and attends with one
-`scaled_dot_product_attention` call per layer; the KV cache is transformers' `DynamicCache`, so rollback is
-unchanged. Logits and hidden states are bit-identical to transformers' forward (tested in float32, bfloat16 and
-float64; other dtypes than float32 run the norm modules themselves, so they follow transformers' upcasting).
+`scaled_dot_product_attention` call per layer; it writes the KV cache in place (`verispec.models.kv_cache`;
+transformers' `DynamicCache` works too). Logits and hidden states are bit-identical to transformers' forward
+(tested in float32, bfloat16 and float64; other dtypes than float32 run the norm modules themselves, so they
+follow transformers' upcasting).
 
 Only architectures whose layers are exactly "norm, attention with rotary embedding, residual, norm, gated MLP,
 residual" with full attention in every layer are run here (`lean_support`); anything else (sliding windows,
@@ -48,7 +49,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class LeanDecoder:
-    """Run a supported transformers CausalLM (see `lean_support`) over new tokens with a `DynamicCache`."""
+    """Run a supported transformers CausalLM (see `lean_support`) over new tokens with a KV cache (`InPlaceKVCache`
+    or transformers' `DynamicCache`)."""
 
     def __init__(self, model: Any) -> None:
         reason = lean_support(model)
