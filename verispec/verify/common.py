@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from verispec.sampling import sample
+
 # The draft probability of a drafted token cannot be 0 in exact arithmetic; clamp it so that a rounding
 # error cannot divide by zero (docs/algorithms.md §1.4, "q(x_i) = 0 for a drafted token").
 MIN_DRAFT_PROB = 1e-300
@@ -90,6 +92,6 @@ def sequential_stop(accept: torch.Tensor) -> torch.Tensor:
 def draw(law: BlockLaw, generator: torch.Generator | None = None) -> VerifyResult:
     """Return one verification outcome drawn from `law`: τ from its marginal, then the extra token."""
     stop = law.stop.clamp_min(0.0)
-    tau = int(torch.multinomial(stop, 1, generator=generator).item()) if law.gamma else 0
-    token = int(torch.multinomial(law.residual(tau), 1, generator=generator).item())
+    tau = sample(stop, generator) if law.gamma else 0
+    token = sample(law.residual(tau), generator)
     return VerifyResult(accepted=tau, token=token)

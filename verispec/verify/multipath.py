@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from verispec.sampling import sample
 from verispec.verify.block import block_verify_law
 from verispec.verify.common import MIN_DRAFT_PROB, BlockLaw, draw, positive_residual
 from verispec.verify.tree import MultiPathResult, build_prefix_tree, check_paths_shapes
@@ -291,7 +292,7 @@ def tree_walk(
         node = tree[prefix]
         p_u = p[node.path, node.depth]  # [V]
         emit = p_u if node.depth == gamma else node_law(node.draws, p_u, q[node.path, node.depth])
-        token = int(torch.multinomial(emit.clamp_min(0.0), 1, generator=generator).item())
+        token = sample(emit.clamp_min(0.0), generator)
         if node.depth == gamma or token not in node.draws:  # the bonus, or a correction token: stop here
             return MultiPathResult(path=node.path, accepted=node.depth, token=token)
         prefix += (token,)

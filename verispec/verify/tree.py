@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from verispec.sampling import sample
+
 
 @dataclass(frozen=True)
 class MultiPathResult:
@@ -76,4 +78,4 @@ def draw_outcome(law: dict[MultiPathResult, float], generator: torch.Generator |
     """Return one outcome drawn from an exact multi-path law {outcome: probability} (e.g. `tree_walk_law`)."""
     outcomes = list(law)
     probs = torch.tensor([law[o] for o in outcomes], dtype=torch.float64).clamp_min(0.0)
-    return outcomes[int(torch.multinomial(probs, 1, generator=generator).item())]
+    return outcomes[sample(probs, generator)]
