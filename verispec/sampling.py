@@ -49,9 +49,11 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor
         probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
         return probs
     scaled = logits / config.temperature
-    if not torch.isfinite(scaled[torch.isfinite(logits)]).all():
-        # A temperature so small that logits / T overflows (T ≈ 1e-320): inf - inf would make softmax NaN. Shifting
-        # the row max to 0 first gives the T -> 0 limit of the tempered law exactly: all mass on the maxima.
+    # Dividing by T < 1 can overflow a finite logit (T ≈ 1e-320), and inf - inf would make softmax NaN; division
+    # keeps infinities and NaNs as they are, so an overflow shows as fewer finite entries (counted: cheaper than
+    # selecting the finite ones). Shifting the row max to 0 first gives the T -> 0 limit of the tempered law
+    # exactly: all mass on the maxima.
+    if config.temperature < 1.0 and int(torch.isfinite(scaled).sum()) != int(torch.isfinite(logits).sum()):
         scaled = (logits - logits.max(dim=-1, keepdim=True).values) / config.temperature
     logits = scaled
     if config.top_k and config.top_k < logits.shape[-1]:
