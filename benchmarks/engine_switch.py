@@ -21,9 +21,8 @@ script prints the ratio of total time per token with a 95% percentile-bootstrap 
         --out results/decoder-loop.json
 
 HumanEval problems (or `--source` prompts) from position `--offset` of the seed-0 order (the main llama.cpp runs
-use positions 0-19 of HumanEval);
-int8 target (`--linear-backend` for the other switches), llama.cpp draft (needs `make peers`), T = 0, γ = 4, 128
-new tokens.
+use positions 0-19 of HumanEval); int8 target (`--linear-backend` chooses for every switch but int4), llama.cpp
+draft (needs `make peers`), T = 0, γ = 4, 128 new tokens.
 """
 
 from __future__ import annotations
