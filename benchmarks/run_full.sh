@@ -14,6 +14,8 @@
 #   llamacpp-draft-humaneval-T1 llamacpp-draft-dev-T1     next to llama.cpp's own plain and speculative decoding
 #   int4-llamacpp-draft-humaneval-T0                      the same on the int4 backend (4-bit GGUF layers in 4 bits)
 #   int4-llamacpp-draft-dev-T0 int4-llamacpp-draft-humaneval-T1 int4-llamacpp-draft-dev-T1
+#   int4-q4_0-draft-humaneval-T0 int4-q4_0-draft-dev-T0   the same with the draft requantised to Q4_0
+#   int4-q4_0-draft-humaneval-T1 int4-q4_0-draft-dev-T1   (llamacpp:default-q4_0, written by `make peers`)
 #   lossy-humaneval-T0 lossy-humaneval-T1                 the lossy rules and SPRINTER against ar, sd and draft:
 #                                                         HumanEval pass@1 by execution, speed on the int8 path
 #   lookup-categories-T0 lookup-categories-T1             prompt lookup (ngram), the hybrid and the model drafter on
@@ -151,12 +153,13 @@ fixed_blocks() {  # fixed_blocks TEMPERATURE UPTO: exact E[τ] of every verifier
   gzip -n -c "$OUT/$name.json" > "$ARCHIVE/$name.json.gz"  # -n: no timestamp, so the same results give the same bytes
 }
 
-llamacpp_run() {  # llamacpp_run SOURCE TEMPERATURE UPTO [BACKEND]: verispec (int8 target, or BACKEND, draft in
-  # llama.cpp) against llama.cpp
-  local backend="${4:-int8}" name="llamacpp-draft-$1-T$2"
+llamacpp_run() {  # llamacpp_run SOURCE TEMPERATURE UPTO [BACKEND [DRAFT]]: verispec (int8 target, or BACKEND,
+  # draft in llama.cpp: the shipped GGUF, or DRAFT) against llama.cpp
+  local backend="${4:-int8}" draft="${5:-default}" name="llamacpp-draft-$1-T$2"
+  [ "$draft" != default ] && name="${draft#default-}-draft-$1-T$2"
   [ "$backend" != int8 ] && name="$backend-$name"
   sd_prompts "$1"
-  bench "$name" "$3" "${PROMPTS[@]}" --temperature "$2" --linear-backend "$backend" --draft llamacpp:default \
+  bench "$name" "$3" "${PROMPTS[@]}" --temperature "$2" --linear-backend "$backend" --draft "llamacpp:$draft" \
     --methods ar sd:gamma=4 sd:drafter=hybrid llamacpp-generate llamacpp-speculative --gamma 4 \
     --compare-to llamacpp-generate
 }
@@ -213,6 +216,10 @@ case "$RUN" in
   int4-llamacpp-draft-dev-T0) llamacpp_run dev 0 "${2:-20}" int4 ;;
   int4-llamacpp-draft-humaneval-T1) llamacpp_run humaneval 1 "${2:-20}" int4 ;;
   int4-llamacpp-draft-dev-T1) llamacpp_run dev 1 "${2:-20}" int4 ;;
+  int4-q4_0-draft-humaneval-T0) llamacpp_run humaneval 0 "${2:-20}" int4 default-q4_0 ;;
+  int4-q4_0-draft-dev-T0) llamacpp_run dev 0 "${2:-20}" int4 default-q4_0 ;;
+  int4-q4_0-draft-humaneval-T1) llamacpp_run humaneval 1 "${2:-20}" int4 default-q4_0 ;;
+  int4-q4_0-draft-dev-T1) llamacpp_run dev 1 "${2:-20}" int4 default-q4_0 ;;
   lossy-humaneval-T0) lossy_run 0 "${2:-40}" ;;
   lossy-humaneval-T1) lossy_run 1 "${2:-40}" ;;
   lookup-categories-T0) lookup_run 0 "${2:-20}" ;;

@@ -88,3 +88,58 @@ def test_real_greedy_sd_with_llamacpp_draft_equals_ar():
     assert sd.trace.target_calls < ar.trace.target_calls  # the draft was used, and accepted
     assert "llama.cpp" in decoder.linear_kernels()["draft"]
     assert Path(decoder.model("draft").path).suffix == ".gguf"
+
+
+def test_requantised_spec_names_its_problems(monkeypatch, tmp_path):
+    from verispec.models import hf
+
+    with pytest.raises(ConfigError, match="unknown llama.cpp weight type 'q3_x'"):
+        llamacpp.gguf_file("llamacpp:default-q3_x", "draft")
+    assert llamacpp.embedded_kind("llamacpp:default-Q4_0") == "q4_0"
+    assert llamacpp.embedded_kind(None) == "" and llamacpp.embedded_kind("llamacpp:default") == ""
+    assert llamacpp.embedded_kind("llamacpp:/models/x.gguf") is None
+    hf.check_model_spec("llamacpp:default-q4_0")  # the embedded model's spec: no file to look for
+    monkeypatch.setattr(llamacpp_build, "root", lambda: tmp_path / "no-build")
+    source = tmp_path / "draft.gguf"
+    source.write_bytes(b"GGUF")
+    with pytest.raises(ConfigError, match="make peers"):
+        llamacpp_build.requantized(source, "q4_0", "abc")
+
+
+def test_requantised_file_is_written_once_and_redone_for_another_source(monkeypatch, tmp_path):
+    """A stand-in llama-quantize (a shell script copying its input and counting its runs): the file and its record
+    are reused while the record matches the source's checksum, rewritten when it does not, and a failing tool
+    leaves neither file behind."""
+    tool = tmp_path / "bin" / "llama-quantize"
+    tool.parent.mkdir()
+    runs = tmp_path / "runs"
+    tool.write_text(f'#!/bin/sh\necho run >> {runs}\n[ "$4" = Q4_0 ] || exit 3\ncp "$2" "$3"\n')
+    tool.chmod(0o755)
+    monkeypatch.setattr(llamacpp_build, "root", lambda: tmp_path)
+    source = tmp_path / "draft.gguf"
+    source.write_bytes(b"GGUF-one")
+    out = llamacpp_build.requantized(source, "q4_0", "sha-one")
+    assert out.name == "draft-q4_0.gguf" and out.read_bytes() == b"GGUF-one"
+    assert llamacpp_build.requantized(source, "q4_0", "sha-one") == out
+    assert runs.read_text().count("run") == 1
+    record = __import__("json").loads(out.with_suffix(".json").read_text())
+    assert record["source_sha256"] == "sha-one" and record["size"] == len(b"GGUF-one") and record["type"] == "q4_0"
+    source.write_bytes(b"GGUF-two")
+    assert llamacpp_build.requantized(source, "q4_0", "sha-two").read_bytes() == b"GGUF-two"
+    assert runs.read_text().count("run") == 2
+    with pytest.raises(ConfigError, match=r"could not requantise .* \(exit 3\)"):
+        llamacpp_build.requantized(source, "q8_0", "sha-two")
+    assert not (tmp_path / "draft-q8_0.gguf").exists()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch file left
+
+
+@pytest.mark.slow
+def test_real_requantised_draft_loads_as_the_embedded_model():
+    _real_draft()
+    if not llamacpp_build.binary("llama-quantize").exists():
+        pytest.skip("llama.cpp's llama-quantize is not built on this machine: run `make peers`")
+    model = llamacpp.load_llamacpp_model("llamacpp:default-q4_0", "draft", threads=2)
+    assert model.path.name.endswith("-q4_0.gguf") and model.name.endswith("(Q4_0)")
+    assert model.vocab_size == llamacpp.load_llamacpp_model(None, "draft", threads=2).vocab_size
+    logits = model.forward([750, 75698, 1445, 1648], n_logits=1).logits
+    assert logits.shape == (1, model.vocab_size) and bool(torch.isfinite(logits[0, :1000]).all())

@@ -166,11 +166,12 @@ LLAMACPP_PREFIX = "llamacpp:"  # a model spec with this prefix runs in llama.cpp
 def check_model_spec(name_or_path: str) -> None:
     """Raise ModelFilesError when `name_or_path` is a path with no model in it (a folder without config.json, a
     plain file, a missing .gguf) or neither an existing path nor a hub id; cheap, so callers check before loading.
-    `llamacpp:GGUF` (or `llamacpp:default`) names a GGUF run by llama.cpp (`verispec.models.llamacpp`)."""
+    `llamacpp:GGUF` (or `llamacpp:default`, `llamacpp:default-q4_0`) names a GGUF run by llama.cpp
+    (`verispec.models.llamacpp`)."""
     if name_or_path.startswith(LLAMACPP_PREFIX):
         name_or_path = name_or_path.removeprefix(LLAMACPP_PREFIX)
-        if name_or_path in ("", "default"):
-            return
+        if name_or_path in ("", "default") or name_or_path.startswith("default-"):
+            return  # the embedded model, as shipped or requantised: its weight type is checked where it is built
         if not name_or_path.endswith(".gguf"):
             raise ModelFilesError(f"llama.cpp runs GGUF files: {LLAMACPP_PREFIX}{name_or_path} names no .gguf file "
                                   f"(use {LLAMACPP_PREFIX}default for the embedded model)")

@@ -141,18 +141,37 @@ class LlamaCppModel:
         self.close()
 
 
+def embedded_kind(spec: str | None) -> str | None:
+    """Return which form of the embedded model `spec` names: "" for the shipped GGUF (`spec` None, "default",
+    "llamacpp:default"), the llama.cpp weight type for "default-<type>" (the shipped GGUF requantised, e.g.
+    `llamacpp:default-q4_0`), None when `spec` names a file. ConfigError for a type llama-quantize is not asked for."""
+    name = spec.removeprefix(LLAMACPP_PREFIX) if spec is not None else ""
+    if name in ("", "default"):
+        return ""
+    if not name.startswith("default-"):
+        return None
+    kind = name.removeprefix("default-").lower()
+    if kind not in llamacpp_build.REQUANT_TYPES:
+        raise ConfigError(f"{LLAMACPP_PREFIX}{name}: unknown llama.cpp weight type {kind!r}; the embedded model "
+                          f"comes as {LLAMACPP_PREFIX}default or {LLAMACPP_PREFIX}default-TYPE with TYPE one of "
+                          f"{', '.join(llamacpp_build.REQUANT_TYPES)}")
+    return kind
+
+
 def gguf_file(spec: str | None, role: str) -> Path:
     """Return the GGUF file llama.cpp runs for `role`: the default pair's cached file (`spec` None or "default"),
-    or `spec` itself, with or without the `llamacpp:` prefix; ConfigError naming the problem otherwise."""
+    that file requantised ("default-q4_0" and the like: written once by llama.cpp's llama-quantize, see
+    `llamacpp_build.requantized`), or `spec` itself, with or without the `llamacpp:` prefix; ConfigError naming the
+    problem otherwise."""
     from verispec.models.default_pair import DEFAULT_PAIR, gguf_path
 
-    if spec is not None:
-        spec = spec.removeprefix(LLAMACPP_PREFIX) or None
-    if spec is None or spec == "default":
+    kind = embedded_kind(spec)
+    if kind is not None:
         path = gguf_path(DEFAULT_PAIR[role])
         if not path.exists():
             raise ConfigError(f"the default {role} GGUF is not assembled at {path}: run `make models` first")
-        return path
+        return llamacpp_build.requantized(path, kind, DEFAULT_PAIR[role].sha256) if kind else path
+    spec = spec.removeprefix(LLAMACPP_PREFIX) if spec is not None else spec
     path = Path(spec).expanduser()
     if path.suffix != ".gguf":
         raise ConfigError(f"llama.cpp runs GGUF files; the {role} {spec!r} is not a .gguf file")
@@ -162,20 +181,22 @@ def gguf_file(spec: str | None, role: str) -> Path:
 
 
 def load_llamacpp_model(spec: str | None, role: str, threads: int | None = None) -> LlamaCppModel:
-    """Return the model named by `spec` (None or "default": the embedded pair's GGUF for `role`; else a .gguf file)
-    run by llama.cpp, with its Hugging Face tokenizer and the pair's vocabulary width."""
+    """Return the model named by `spec` (None or "default": the embedded pair's GGUF for `role`; "default-q4_0"
+    and the like: that GGUF requantised; else a .gguf file) run by llama.cpp, with its Hugging Face tokenizer and
+    the pair's vocabulary width."""
     import json
 
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from verispec.models.default_pair import DEFAULT_PAIR, gguf_path, prepare
+    from verispec.models.default_pair import DEFAULT_PAIR, prepare
 
     path = gguf_file(spec, role)
-    if path == gguf_path(DEFAULT_PAIR[role]):  # the embedded model: its converted copy holds tokenizer and config
+    kind = embedded_kind(spec)
+    if kind is not None:  # the embedded model (or its requantised copy): its converted copy holds tokenizer, config
         folder = prepare(DEFAULT_PAIR[role])
         vocab = json.loads((Path(folder) / "config.json").read_text())["vocab_size"]
-        model = LlamaCppModel(path, DEFAULT_PAIR[role].upstream, AutoTokenizer.from_pretrained(str(folder)), vocab,
-                              threads)
+        name = DEFAULT_PAIR[role].upstream + (f" ({kind.upper()})" if kind else "")
+        model = LlamaCppModel(path, name, AutoTokenizer.from_pretrained(str(folder)), vocab, threads)
         model.generation_config = GenerationConfig.from_pretrained(str(folder))
         model.config = AutoConfig.from_pretrained(str(folder))
         return model

