@@ -113,17 +113,38 @@ def test_stops_exactly_at_max_new_tokens(tiny_pair, tokenizer, n, drafter):
         produced += r.emitted
 
 
+@pytest.mark.parametrize("method,paths", SINGLE + [("gbv", 3), ("specinfer", 3)])
+@pytest.mark.parametrize("drafter", ["ngram", "hybrid"])
+def test_longer_lookup_rounds_keep_greedy_ar_and_their_length(tiny_pair, tokenizer, method, paths, drafter):
+    """ngram_gamma = 9 over gamma = 2: lookup rounds draft up to 9 tokens (model rounds still 2), greedy output is
+    `ar`'s, and no round drafts past max_new_tokens."""
+    engine = Engine(tiny_pair["target"], tiny_pair["partial"])
+    n = 30
+    expected = engine.decode(ids(tokenizer), DecodeConfig("ar", max_new_tokens=n)).tokens
+    config = DecodeConfig(method, gamma=2, max_new_tokens=n, paths=paths, drafter=drafter, ngram_gamma=9)
+    out = engine.decode(ids(tokenizer), config)
+    assert out.tokens == expected
+    assert max(r.drafted for r in out.trace.rounds if r.drafter == "ngram") > 2
+    assert all(r.drafted <= 2 for r in out.trace.rounds if r.drafter == "model")
+    produced = 0
+    for r in out.trace.rounds:
+        assert r.drafted <= min(9, n - produced - 1)
+        produced += r.emitted
+
+
 @pytest.mark.parametrize("method,paths", [("sd", 1), ("specinfer", 3)])
-def test_full_loop_law_with_prompt_lookup(method, paths):
+@pytest.mark.parametrize("gamma,ngram_gamma", [(2, None), (1, 3)])
+def test_full_loop_law_with_prompt_lookup(method, paths, gamma, ngram_gamma):
     """Monte-Carlo through the decode loop on a tabular target: 3,000 runs of 3 tokens, chi-square at 1e-6.
-    The lookup's candidates (several of them for multi-path methods) verify as the target's law."""
+    The lookup's candidates (several of them for multi-path methods; longer than gamma with ngram_gamma) verify as
+    the target's law."""
     target = TabularLM(3, seed=81)
     engine = Engine(target, None)
     sampling = SamplingConfig(temperature=1.0)
     prompt = [0, 1, 2, 0, 1]
     counts = Counter(
-        tuple(engine.decode(prompt, DecodeConfig(method, 2, 3, sampling, seed=s, paths=paths, drafter="ngram",
-                                                 ngram_min=1, ngram_max=2)).tokens)
+        tuple(engine.decode(prompt, DecodeConfig(method, gamma, 3, sampling, seed=s, paths=paths, drafter="ngram",
+                                                 ngram_min=1, ngram_max=2, ngram_gamma=ngram_gamma)).tokens)
         for s in range(3000)
     )
     assert chi_square_pvalue(counts, target_law(target, prompt, 3)) > FALSE_ALARM
@@ -152,6 +173,8 @@ def test_draft_vocab_must_match_the_loaded_head(tiny_pair, tokenizer, reduced_sa
         (dict(drafter="ngram", ngram_min=0), "ngram_min .* must be an integer >= 1"),
         (dict(drafter="ngram", ngram_max=0), "ngram_max .* must be an integer >= 1"),
         (dict(draft_vocab=1), "draft_vocab .* must be an integer >= 2"),
+        (dict(drafter="ngram", ngram_gamma=0), "ngram_gamma .* must be an integer >= 1"),
+        (dict(drafter="hybrid", ngram_gamma=2.5), "ngram_gamma .* must be an integer >= 1"),
         (dict(drafter="hybrid", hybrid_catchup=-1.0), "hybrid_catchup .* must be a number >= 0"),
         (dict(drafter="hybrid", hybrid_catchup=float("nan")), "hybrid_catchup .* must be a number >= 0"),
         (dict(draft_vocab=1.5), "draft_vocab .* must be an integer >= 2"),

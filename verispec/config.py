@@ -39,6 +39,9 @@ class DecodeConfig:
     drafter: str = "model"  # a name in verispec.drafters.DRAFTERS: model | ngram | hybrid
     ngram_min: int = 2  # prompt lookup: the shortest suffix of the context looked up
     ngram_max: int = 4  # prompt lookup: the longest suffix looked up (the longest match wins)
+    # prompt lookup: the most tokens a lookup round drafts; None = gamma. Lookup tokens cost no draft forward, so
+    # a longer lookup round costs only the longer verify pass (nearly flat in its length on a CPU, BENCHMARKS §1)
+    ngram_gamma: int | None = None
     # hybrid: the draft model drafts only when the tokens it must catch up on are ≤ this × the tokens still to emit
     hybrid_catchup: float = HYBRID_CATCHUP
     draft_vocab: int | None = None  # N: the draft model's head covers only the N most frequent tokens; None = all

@@ -25,7 +25,7 @@ import torch
 
 from verispec.config import MULTIPATH_PATHS, DecodeConfig
 from verispec.diagnostics import RoundObserver, SprinterDiagnostics, record_relaxed
-from verispec.drafters import DraftRequest, make_drafter, uses_draft_model
+from verispec.drafters import DraftRequest, make_drafter, round_length, uses_draft_model
 from verispec.drafting import DraftBlock, PrefixTree, StopRule, merge_paths
 from verispec.errors import ConfigError
 from verispec.methods import Method, MultiPathResult, get_method
@@ -129,10 +129,9 @@ class Engine:
         stopped_at_eos = False
         while len(tokens) - n_prompt < config.max_new_tokens:
             remaining = config.max_new_tokens - (len(tokens) - n_prompt)
-            # A round emits at most gamma+1 tokens: never draft what cannot be kept (a rule on counts only,
-            # so it keeps the method lossless, docs/algorithms.md §1.4 "Variable γ").
+            # A round emits at most gamma+1 tokens: never draft what cannot be kept.
             length = config.cap if method.learned_stop else config.gamma
-            gamma = min(length, remaining - 1) if method.speculative else 0
+            gamma = round_length(length, remaining) if method.speculative else 0
 
             # 1. Draft: up to K paths of up to gamma tokens, with the q each token was drawn from.
             t0 = time.perf_counter()

@@ -87,3 +87,13 @@ def test_block_is_a_point_mass_on_each_candidate_token():
 def test_index_lengths_are_checked():
     with pytest.raises(AssertionError):
         NgramIndex(3, 2)
+
+
+def test_own_lookup_length_overrides_the_requests_and_is_cut_by_what_remains():
+    tokens = [A, B, X, Y, Z, 1, 2, 3, A, B]
+    drafter = NgramDrafter(1, 3, gamma=6)
+    assert drafter.propose(request(tokens, gamma=2)).tokens == [[X, Y, Z, 1, 2, 3]]
+    cut = DraftRequest(list(tokens), 1, 2, SamplingConfig(), torch.Generator(), frozenset(), 32, remaining=4)
+    assert NgramDrafter(1, 3, gamma=6).propose(cut).tokens == [[X, Y, Z]]  # 3 drafted + 1 from the target = 4
+    assert NgramDrafter(1, 3).propose(request(tokens, gamma=2)).tokens == [[X, Y]]
+    assert NgramDrafter(1, 3, gamma=6).propose(request(tokens, gamma=0)).length == 0  # not a speculative round

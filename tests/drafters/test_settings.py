@@ -37,6 +37,7 @@ def test_cli_flags_parse_into_the_decode_config(monkeypatch, capsys):
         (["--drafter", "ngram", "--ngram-min", "0"], "ngram_min"),
         (["--draft-vocab", "1"], "draft_vocab"),
         (["--drafter", "hybrid", "--hybrid-catchup", "-2"], "hybrid_catchup"),
+        (["--drafter", "ngram", "--ngram-gamma", "0"], "ngram_gamma"),
         (["--method", "ar", "--drafter", "ngram"], "takes no drafter other than 'model'"),
     ],
 )
@@ -50,6 +51,7 @@ def test_bench_variants_carry_drafter_settings():
     variant = parse_method("bv:drafter=hybrid,ngram_min=3,ngram_max=5,gamma=6", {"bv"})
     assert variant.overrides == {"drafter": "hybrid", "ngram_min": 3, "ngram_max": 5, "gamma": 6}
     assert parse_method("sd:draft_vocab=16384", {"sd"}).overrides == {"draft_vocab": 16384}
+    assert parse_method("sd:drafter=hybrid,ngram_gamma=8", {"sd"}).overrides == {"drafter": "hybrid", "ngram_gamma": 8}
     assert parse_method("sd:drafter=hybrid,hybrid_catchup=inf", {"sd"}).overrides == {
         "drafter": "hybrid", "hybrid_catchup": float("inf")}
     config = DecodeConfig("bv", **variant.overrides)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verispec.drafters.base import Drafter, DraftRequest
+from verispec.drafters.base import Drafter, DraftRequest, round_length
 from verispec.drafters.hybrid import HybridDrafter
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import NgramDrafter, NgramIndex
@@ -23,7 +23,7 @@ from verispec.errors import ConfigError
 from verispec.models.protocol import CausalLM
 
 __all__ = ["DRAFTERS", "Drafter", "DraftRequest", "HybridDrafter", "ModelDrafter", "NgramDrafter", "NgramIndex",
-           "check_drafter_settings", "make_drafter", "uses_draft_model"]
+           "check_drafter_settings", "make_drafter", "round_length", "uses_draft_model"]
 
 DRAFTERS: dict[str, str] = {
     "model": "K i.i.d. paths sampled from the draft model",
@@ -48,6 +48,8 @@ def check_drafter_settings(config: Any, method: Any) -> None:
         raise ConfigError(f"unknown drafter {config.drafter!r}; choose one of: {', '.join(DRAFTERS)}")
     _positive_int("ngram_min (the shortest n-gram looked up)", config.ngram_min)
     _positive_int("ngram_max (the longest n-gram looked up)", config.ngram_max)
+    if config.ngram_gamma is not None:
+        _positive_int("ngram_gamma (the most tokens a lookup round drafts)", config.ngram_gamma)
     if config.ngram_min > config.ngram_max:
         raise ConfigError(f"ngram_min ({config.ngram_min}) must not exceed ngram_max ({config.ngram_max})")
     catchup = config.hybrid_catchup
@@ -70,8 +72,9 @@ def check_drafter_settings(config: Any, method: Any) -> None:
 def make_drafter(config: Any, draft_model: CausalLM | None) -> Drafter:
     """Return a fresh drafter for one decode with `config` (a DecodeConfig); `draft_model` None drafts nothing."""
     if config.drafter == "ngram":
-        return NgramDrafter(config.ngram_min, config.ngram_max)
+        return NgramDrafter(config.ngram_min, config.ngram_max, config.ngram_gamma)
     if config.drafter == "hybrid":
-        return HybridDrafter(NgramDrafter(config.ngram_min, config.ngram_max), ModelDrafter(draft_model),
+        return HybridDrafter(NgramDrafter(config.ngram_min, config.ngram_max, config.ngram_gamma),
+                             ModelDrafter(draft_model),
                              float(config.hybrid_catchup))
     return ModelDrafter(draft_model)

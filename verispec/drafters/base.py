@@ -32,6 +32,13 @@ class DraftRequest:
     remaining: int | None = None  # tokens the decode may still emit (None: not bounded); the hybrid's catch-up rule
 
 
+def round_length(length: int, remaining: int | None) -> int:
+    """Return the most tokens a round may draft: `length`, cut so that the round (its drafted tokens plus the one
+    the target adds) cannot emit more than the `remaining` tokens (None: unbounded). A rule on counts only, so it
+    keeps every method lossless (docs/algorithms.md §1.4 "Variable γ")."""
+    return length if remaining is None else max(0, min(length, remaining - 1))
+
+
 class Drafter(Protocol):
     """Proposes the draft block of each round of one decode (a fresh drafter per decode)."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from verispec.drafters.base import DraftRequest, empty_block, point_mass_block
+from verispec.drafters.base import DraftRequest, empty_block, point_mass_block, round_length
 from verispec.drafting import DraftBlock
 
 # Occurrences of one n-gram examined per round when collecting K > 1 distinct candidates: bounds a round's cost on
@@ -79,13 +79,18 @@ class NgramDrafter:
 
     name = "ngram"
 
-    def __init__(self, ngram_min: int, ngram_max: int) -> None:
+    def __init__(self, ngram_min: int, ngram_max: int, gamma: int | None = None) -> None:
         self.index = NgramIndex(ngram_min, ngram_max)
+        self.gamma = gamma  # the most tokens a round drafts; None: the request's gamma
 
     def propose(self, request: DraftRequest) -> DraftBlock:
-        """Return the lookup candidates for `request.tokens` as a point-mass block (K ≤ request.n_paths)."""
+        """Return the lookup candidates for `request.tokens` as a point-mass block (K ≤ request.n_paths), of at most
+        `self.gamma` tokens (cut, as the request's gamma is, so that the round cannot pass max_new_tokens)."""
         self.index.extend(request.tokens)
-        paths = self.index.candidates(request.n_paths, request.gamma, request.eos_token_ids)
+        gamma = request.gamma
+        if self.gamma is not None and request.gamma > 0:
+            gamma = round_length(self.gamma, request.remaining)
+        paths = self.index.candidates(request.n_paths, gamma, request.eos_token_ids)
         if not paths:
             return empty_block(1, request.vocab_size, deterministic=True)
         return point_mass_block(paths, request.vocab_size, self.name)
