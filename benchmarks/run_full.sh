@@ -18,6 +18,7 @@
 #   int4-q4_0-draft-humaneval-T1 int4-q4_0-draft-dev-T1   (llamacpp:default-q4_0, written by `make peers`)
 #   lossy-humaneval-T0 lossy-humaneval-T1                 the lossy rules and SPRINTER against ar, sd and draft:
 #                                                         HumanEval pass@1 by execution, speed on the int8 path
+#   int4-lossy-humaneval-T0 int4-lossy-humaneval-T1       the same with both models on the int4 backend
 #   lookup-categories-T0 lookup-categories-T1             prompt lookup (ngram), the hybrid and the model drafter on
 #                                                         Spec-Bench's summarization and RAG prompts, against ar,
 #                                                         transformers' prompt lookup and llama.cpp's plain decoding
@@ -164,19 +165,21 @@ llamacpp_run() {  # llamacpp_run SOURCE TEMPERATURE UPTO [BACKEND [DRAFT]]: veri
     --compare-to llamacpp-generate
 }
 
-lossy_run() {  # lossy_run TEMPERATURE UPTO: the lossy rules at their middle and loosest knob values (bench/pareto.py
+lossy_run() {  # lossy_run TEMPERATURE UPTO [BACKEND]: the lossy rules at their middle and loosest knob values (bench/pareto.py
   # SWEEPS; the lossless end is `sd`) and the packaged SPRINTER verifier (trained at T = 0) at its threshold 0.667
   # and at the paper's 0.5, against ar, sd and the draft alone; whole functions (up to 384 tokens, stopped at the
   # function's end), scored by running HumanEval's tests. fuzzy runs at T > 0 only: at T = 0 p and q are point
   # masses, JS(p, q) is 0 or ln 2, and every threshold below ln 2 decodes exactly as sd.
-  local fuzzy=()
+  # BACKEND (default int8) is both models' linear backend; runs on another one are named after it.
+  local fuzzy=() backend=${3:-int8} name="lossy-humaneval-T$1"
   [ "$1" != 0 ] && fuzzy=(fuzzy:threshold=0.15 fuzzy:threshold=0.3)
-  N=384 bench "lossy-humaneval-T$1" "$2" --prompts humaneval --subset-seed 0 --temperature "$1" --linear-backend int8 \
+  [ "$backend" != int8 ] && name="$backend-$name"
+  N=384 bench "$name" "$2" --prompts humaneval --subset-seed 0 --temperature "$1" --linear-backend "$backend" \
     --stop-at-function-end --quality --compare-to sd:gamma=4 \
     --methods ar draft sd:gamma=4 sprinter sprinter:tau=0.5 typical:epsilon=0.09,delta=0.3 \
               typical:epsilon=0.03,delta=0.1 margin:delta=1 margin:delta=2 fly:entropy=0.1 "${fuzzy[@]}"
-  $V pareto "$OUT/lossy-humaneval-T$1.json" --fronts "$OUT/lossy-humaneval-T$1"
-  $V pareto "$OUT/lossy-humaneval-T$1.json" --x answer_speedup --fronts "$OUT/lossy-humaneval-T$1-per-answer"
+  $V pareto "$OUT/$name.json" --fronts "$OUT/$name"
+  $V pareto "$OUT/$name.json" --x answer_speedup --fronts "$OUT/$name-per-answer"
 }
 
 lookup_run() {  # lookup_run TEMPERATURE UPTO: the drafters on the long-context categories (int8 target, draft in
@@ -222,6 +225,8 @@ case "$RUN" in
   int4-q4_0-draft-dev-T1) llamacpp_run dev 1 "${2:-20}" int4 default-q4_0 ;;
   lossy-humaneval-T0) lossy_run 0 "${2:-40}" ;;
   lossy-humaneval-T1) lossy_run 1 "${2:-40}" ;;
+  int4-lossy-humaneval-T0) lossy_run 0 "${2:-40}" int4 ;;
+  int4-lossy-humaneval-T1) lossy_run 1 "${2:-40}" int4 ;;
   lookup-categories-T0) lookup_run 0 "${2:-20}" ;;
   lookup-categories-T1) lookup_run 1 "${2:-20}" ;;
   profile) profiles ;;
