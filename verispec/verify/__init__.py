@@ -30,10 +30,9 @@ from verispec.verify.approximate import sprinter_verify, sprinter_verify_law
 from verispec.verify.block import block_verify, block_verify_law
 from verispec.verify.common import BlockLaw, VerifyResult, draw
 from verispec.verify.deterministic import candidate_tree_expected_accepted, candidate_tree_law, candidate_tree_verify
+from verispec.verify.gbv import gbv_verify, gbv_verify_law
 from verispec.verify.multipath import (
     NODE_LAWS,
-    gbv_verify,
-    gbv_verify_law,
     nss_verify,
     specinfer_verify,
     spectr_verify,

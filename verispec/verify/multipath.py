@@ -1,8 +1,7 @@
-"""Multi-path verifiers over K i.i.d. draft paths (docs/algorithms.md §2): GBV, and the baselines of §2.9.
+"""The tree-walk multi-path verifiers over K i.i.d. draft paths (docs/algorithms.md §2.9): NSS, SpecInfer, SpecTr.
 
 The contract (shapes, prefix tree, `MultiPathResult`) is in `verispec.verify.tree`. All verifiers are lossless.
-- GBV (§2.2–2.6) selects one path greedily, then runs BV on it against the skewed draft law of the selection;
-  its exact law is `gbv_verify_law`.
+GBV is in `verispec.verify.gbv`.
 - The OT-style baselines (§2.9: nss, specinfer, spectr) walk down the prefix tree: at each node a per-node solver
   emits a token whose law is p(·|node) given that the node's children are i.i.d. draws from q(·|node); the walk
   descends while that token is a child, and at a leaf (depth γ) the bonus token is drawn from p. Their exact law
@@ -17,123 +16,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from verispec.sampling import sample
-from verispec.verify.block import block_verify_law
-from verispec.verify.common import MIN_DRAFT_PROB, BlockLaw, draw, positive_residual
+from verispec.verify.common import MIN_DRAFT_PROB, positive_residual
 from verispec.verify.tree import MultiPathResult, build_prefix_tree, check_paths_shapes
-
-# ---------------------------------------------------------------------------------------------------------------
-# GBV (§2.2–2.6)
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def ratio_key(p_u: torch.Tensor, q_u: torch.Tensor) -> torch.Tensor:
-    """Return the primary key p(t|u)/q(t|u) `[V]` of every token at node u (§2.2; larger = better).
-
-    A token with q = 0 is never drafted and carries no q-mass, so where it ranks does not matter.
-    """
-    return p_u / q_u.clamp_min(MIN_DRAFT_PROB)
-
-
-def token_order(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (order, rank), both `[V]` long: the tokens in the ascending order of (key(t), t) (§2.2 total order)
-    and its inverse, rank[t] = the position of t in that order.
-
-    The stable sort keeps equal keys in token-id order, so ties go to the larger token id. One sort gives both:
-    selection reads `rank`, the skew reads `order`, so they cannot disagree on ties (the trap of §2.2).
-    """
-    # This sort is most of GBV's cost. A non-negative float64's bit pattern read as an int64 is ordered like the
-    # float, and torch sorts int64 about 2x faster than float64 on the CPU (~7 against ~14 ms at V = 151,936).
-    # Same order, ties included; `+ 0.0` turns a -0.0 into +0.0, the only sign bit a ratio p/q can carry.
-    bits = (key.to(torch.float64).clamp_min(0.0) + 0.0).contiguous().view(torch.int64)
-    order = torch.sort(bits, stable=True).indices  # [V]
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(key.shape[0], device=key.device)
-    return order, rank
-
-
-def select_child(children: Sequence[int], key: torch.Tensor, rank: torch.Tensor) -> int:
-    """Return the child token with the largest (key, token id): the greedy descent of §2.2.
-
-    It reads `rank`, the same order that `mass_below` uses for q_skew, so selection and skew cannot disagree
-    on ties (the trap of §2.2).
-    """
-    return max(children, key=lambda t: int(rank[t]))
-
-
-def mass_below(q_u: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """Return F_u(t) − q(t|u) `[V]`: the q-mass at node u of the tokens ranked strictly below t (§2.3), with
-    `order` the tokens in ascending rank (`token_order`)."""
-    inclusive = torch.cumsum(q_u[order], 0)
-    exclusive = torch.cat([inclusive.new_zeros(1), inclusive[:-1]])  # [V] mass strictly below, in rank order
-    below = torch.empty_like(q_u)
-    below[order] = exclusive
-    return below
-
-
-def skewed_draft(q_u: torch.Tensor, below: torch.Tensor, mass_a: float, mass_x: float, k: int) -> torch.Tensor:
-    """Return q_skew(·|u) `[V]`, the law of the next token of the best of K paths given it passes through u (§2.3).
-
-    q_u: [V] float64; below: [V] q-mass ranked strictly below each token; mass_a = A, the q-mass of the length-γ
-    paths ranked below every path through u; mass_x = x = Q(u), the draft probability of u's prefix.
-    """
-    if k == 1:
-        return q_u  # §2.6: with one path q_skew = q, and GBV is exactly BV
-    # §2.3 "Stable evaluation": a^K − b^K = (a − b)·Σ_j a^j b^(K−1−j), a − b = x·q(t); divide a and b by (A + x) so
-    # that every term lies in [0, 1] (float64); the normalisation over t removes the common scale.
-    scale = max(mass_a + mass_x, MIN_DRAFT_PROB)  # > 0: the selected prefix was drafted
-    a = ((mass_a + mass_x * (below + q_u)) / scale).clamp(0.0, 1.0)  # [V] (A + y_t + z_t)/(A + x)
-    b = ((mass_a + mass_x * below) / scale).clamp(0.0, 1.0)  # [V] (A + y_t)/(A + x)
-    powers = sum(a**j * b ** (k - 1 - j) for j in range(k))
-    weights = q_u * powers
-    total = weights.sum()
-    return weights / total if total > 0 else q_u  # the guard is for underflow only (§1.4 spirit)
-
-
-def gbv_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> tuple[int, BlockLaw]:
-    """Return (k, law): the selected path k and the exact law of BV on it with q := q_skew (§2.4).
-
-    draft_tokens: [K, γ] long; q: [K, γ, V]; p: [K, γ+1, V] (the contract of `verispec.verify.tree`).
-    `law.q` holds q_skew along the selected path; the kept prefix is draft_tokens[k, :τ].
-    """
-    check_paths_shapes(draft_tokens, q, p)
-    p, q = p.to(torch.float64), q.to(torch.float64)
-    k, gamma = draft_tokens.shape  # duplicate paths still count: K is the number of draws (§2.6)
-    tree = build_prefix_tree(draft_tokens)
-    prefix: tuple[int, ...] = ()
-    mass_a, mass_x = 0.0, 1.0  # §2.3: A_root = 0, x_root = 1
-    skew_rows = []
-    for depth in range(gamma):
-        node = tree[prefix]
-        q_u, p_u = q[node.path, depth], p[node.path, depth]  # [V], [V]
-        key = ratio_key(p_u, q_u)
-        order, rank = token_order(key)  # §2.2: one total order, shared by Step A (selection) and Step B (skew)
-        below = mass_below(q_u, order)
-        skew_rows.append(skewed_draft(q_u, below, mass_a, mass_x, k))
-        child = select_child(list(node.children), key, rank)  # Step A: greedy descent over distinct children
-        # §2.3: A_child = A_parent + x_parent·CDF(strictly below child); x_child = x_parent·q(child|parent).
-        mass_a, mass_x = mass_a + mass_x * float(below[child]), mass_x * float(q_u[child])
-        prefix += (child,)
-    chosen = tree[prefix].path
-    q_skew = torch.stack(skew_rows) if gamma else q[chosen]  # [γ, V]
-    return chosen, block_verify_law(draft_tokens[chosen], q_skew, p[chosen])  # Step C: BV with q := q_skew
-
-
-def gbv_verify(
-    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
-) -> MultiPathResult:
-    """Verify K draft paths with greedy multi-path block verification; return (path, accepted τ, extra token).
-
-    draft_tokens: [K, γ]; q: [K, γ, V]; p: [K, γ+1, V]. The extra token is the BV residual norm((w_τ·p − q_skew)_+)
-    at τ < γ, or the bonus from p at the selected leaf (§2.5).
-    """
-    chosen, law = gbv_verify_law(draft_tokens, q, p)
-    result = draw(law, generator)
-    return MultiPathResult(path=chosen, accepted=result.accepted, token=result.token)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# OT-style baselines (§2.9): per-node laws and the walk down the prefix tree
-# ---------------------------------------------------------------------------------------------------------------
 
 # A per-node law: (draws, p_u [V], q_u [V]) -> [V], the exact law of the token a per-node solver emits given the
 # node's children `draws` (one per path through the node, in path order, duplicates included). Averaged over i.i.d.
