@@ -8,6 +8,7 @@
 #   sd-humaneval-T0 sd-dev-T0 sd-humaneval-T1 sd-dev-T1   ar, draft, sd at γ = 1..6 and transformers' peers
 #   draft-bf16-humaneval-T0 draft-bf16-dev-T0             the same prompts, sd with a bfloat16 draft
 #   multipath-T0.6 multipath-T1.0                         sd, bv and every multi-path verifier at K = 2..4, γ = 4, 8
+#   int4-multipath-T1.0                                   gbv and specinfer (K = 3) against sd and bv on the int4 path
 #   fixed-blocks-T0.6 fixed-blocks-T1.0                   every verifier's exact E[τ] on shared drafted blocks
 #   sprinter-T0 sprinter-T1                               SPRINTER's speed against quality (trains its verifier first)
 #   llamacpp-draft-humaneval-T0 llamacpp-draft-dev-T0     against llama.cpp: the int8 target with llama.cpp's draft,
@@ -75,6 +76,12 @@ multipath() {  # multipath TEMPERATURE UPTO: every multi-path method at K = 2..4
   for k in 2 3 4; do for g in 4 8; do for m in gbv specinfer spectr nss; do methods+=("$m:paths=$k,gamma=$g"); done; done; done
   bench "multipath-T$1" "$2" --prompts "$DEV" --category "${SHORT[@]}" --subset-seed 0 --offset 100 \
     --temperature "$1" --methods "${methods[@]}" --compare-to bv:gamma=4
+}
+
+multipath_int4() {  # multipath_int4 TEMPERATURE UPTO: GBV and SpecInfer (K = 3) against sd and bv, γ = 4, int4 path
+  bench "int4-multipath-T$1" "$2" --prompts "$DEV" --category "${SHORT[@]}" --subset-seed 0 --offset 100 \
+    --temperature "$1" --linear-backend int4 --compare-to bv:gamma=4 \
+    --methods ar sd:gamma=4 bv:gamma=4 gbv:paths=3,gamma=4 specinfer:paths=3,gamma=4
 }
 
 sprinter_verifier() {  # sprinter_verifier TEMPERATURE FEATURES: collect on the training prompts and train, once
@@ -226,6 +233,7 @@ case "$RUN" in
   lossy-humaneval-T0) lossy_run 0 "${2:-40}" ;;
   lossy-humaneval-T1) lossy_run 1 "${2:-40}" ;;
   int4-lossy-humaneval-T0) lossy_run 0 "${2:-40}" int4 ;;
+  int4-multipath-T1.0) multipath_int4 1.0 "${2:-20}" ;;
   int4-lossy-humaneval-T1) lossy_run 1 "${2:-40}" int4 ;;
   lookup-categories-T0) lookup_run 0 "${2:-20}" ;;
   lookup-categories-T1) lookup_run 1 "${2:-20}" ;;
