@@ -1,7 +1,7 @@
 """GBV's tiered order against the full ratio order, on the same drafted blocks: exact E[τ] and verification time.
 
 GBV is lossless under any per-node total order (docs/algorithms.md §2.2); verispec ranks by p/q only the tokens with
-q ≥ min(1e-4, 1e-2·max q) and puts the rest below them in token-id order, which avoids a sort of the whole
+q ≥ min(1e-6, 1e-2·max q) and puts the rest below them in token-id order, which avoids a sort of the whole
 vocabulary at every node. This measures what that costs in acceptance: at contexts along the target's own sampled
 continuation of each prompt (as `verispec fixed-blocks` picks them), `--draws` i.i.d. draft paths are scored by
 the target once, and every disjoint group of K paths gets GBV's exact E[τ] under both orders (`gbv_verify_law` with
