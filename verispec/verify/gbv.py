@@ -45,15 +45,6 @@ def key_bits(key: torch.Tensor) -> torch.Tensor:
     return (key.to(torch.float64).clamp_min(0.0) + 0.0).contiguous().view(torch.int64)
 
 
-def token_order(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (order, rank), both `[n]` long: the positions of `key` in ascending (key, position) order and its
-    inverse, rank[i] = the place of entry i in that order. The stable sort keeps equal keys in position order."""
-    order = torch.sort(key_bits(key), stable=True).indices  # [n]
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(key.shape[0], device=key.device)
-    return order, rank
-
-
 @dataclass(frozen=True)
 class NodeOrder:
     """One node's total order of §2.2 and the q-mass each token has below it (Steps A and B read only this).
