@@ -171,7 +171,8 @@ def gguf_file(spec: str | None, role: str) -> Path:
         if not path.exists():
             raise ConfigError(f"the default {role} GGUF is not assembled at {path}: run `make models` first")
         return llamacpp_build.requantized(path, kind, DEFAULT_PAIR[role].sha256) if kind else path
-    spec = spec.removeprefix(LLAMACPP_PREFIX) if spec is not None else spec
+    assert spec is not None  # None names the shipped GGUF (embedded_kind "")
+    spec = spec.removeprefix(LLAMACPP_PREFIX)
     path = Path(spec).expanduser()
     if path.suffix != ".gguf":
         raise ConfigError(f"llama.cpp runs GGUF files; the {role} {spec!r} is not a .gguf file")
