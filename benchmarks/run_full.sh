@@ -20,7 +20,7 @@
 #   lossy-humaneval-T0 lossy-humaneval-T1                 the lossy rules and SPRINTER against ar, sd and draft:
 #                                                         HumanEval pass@1 by execution, speed on the int8 path
 #   int4-lossy-humaneval-T0 int4-lossy-humaneval-T1       the same with both models on the int4 backend
-#   int4-lookup-categories-T0                             the same on int4 with the Q4_0 draft, without hf-lookup
+#   int4-lookup-categories-T0 int4-lookup-categories-T1   the same on int4 with the Q4_0 draft, without hf-lookup
 #   lookup-categories-T0 lookup-categories-T1             prompt lookup (ngram), the hybrid and the model drafter on
 #                                                         Spec-Bench's summarization and RAG prompts, against ar,
 #                                                         transformers' prompt lookup and llama.cpp's plain decoding
@@ -238,6 +238,7 @@ case "$RUN" in
   int4-lossy-humaneval-T0) lossy_run 0 "${2:-40}" int4 ;;
   int4-multipath-T1.0) multipath_int4 1.0 "${2:-20}" ;;
   int4-lookup-categories-T0) lookup_run 0 "${2:-20}" int4 default-q4_0 ;;
+  int4-lookup-categories-T1) lookup_run 1 "${2:-20}" int4 default-q4_0 ;;
   int4-lossy-humaneval-T1) lossy_run 1 "${2:-40}" int4 ;;
   lookup-categories-T0) lookup_run 0 "${2:-20}" ;;
   lookup-categories-T1) lookup_run 1 "${2:-20}" ;;
