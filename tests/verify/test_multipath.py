@@ -34,7 +34,6 @@ from verispec.verify import (
 )
 
 CONTEXT = [0, 1]
-CASES = [(1, 1), (2, 1), (3, 1), (1, 2), (2, 2), (1, 3), (2, 3), (3, 2)]  # (γ, K), V = 3
 
 
 def pair(seed: int) -> tuple[TabularLM, TabularLM]:
