@@ -22,13 +22,19 @@ import torch
 from verispec.api import Decoder
 from verispec.bench.datasets import load_prompts
 from verispec.bench.files import write_atomically
-from verispec.bench.fixed_blocks import DRAW_SEED_OFFSET, TRAJECTORY_GAMMA, TRAJECTORY_METHOD, context_positions
+from verispec.bench.fixed_blocks import (
+    DRAW_SEED_OFFSET,
+    TRAJECTORY_GAMMA,
+    TRAJECTORY_METHOD,
+    FixedBlocksConfig,
+    context_positions,
+)
 from verispec.drafting import draft_paths
 from verispec.engine import DecodeConfig, score_block
 from verispec.sampling import SamplingConfig
 from verispec.stats import bootstrap_ratio
 from verispec.verify import gbv_verify_law
-from verispec.verify.gbv import RANKED_MIN_Q, RANKED_MIN_SHARE
+from verispec.verify.gbv import ranked_threshold
 
 SHORT = ["writing", "roleplay", "reasoning", "math", "coding", "stem", "humanities", "translation", "qa",
          "math_reasoning"]
@@ -69,8 +75,8 @@ def main() -> None:
         draft.reset()
         target.reset()
         sums = {name: [0.0, 0.0, 0] for name in ORDERS}
-        positions = context_positions(len(trajectory.tokens), trajectory.stopped_at_eos, argparse.Namespace(
-            contexts=args.contexts, stride=args.stride))
+        positions = context_positions(len(trajectory.tokens), trajectory.stopped_at_eos,
+                                      FixedBlocksConfig(contexts=args.contexts, stride=args.stride))
         for position in positions:
             context = prompt_ids + trajectory.tokens[:position]
             block = draft_paths(draft, context, args.draws, args.gamma, sampling, generator, eos, target.vocab_size)
@@ -90,8 +96,7 @@ def main() -> None:
                     sums[name][1] += seconds
                     sums[name][2] += 1
             torch.set_num_threads(threads)
-            threshold = (RANKED_MIN_SHARE * q.max(-1, keepdim=True).values).clamp_max(RANKED_MIN_Q)  # [M, γ', 1]
-            ranked.append(int((q >= threshold).sum(-1).float().mean()))
+            ranked.append(int((q >= ranked_threshold(q)).sum(-1).float().mean()))
             for model in (draft, target):
                 model.truncate(len(context) - 1)
         per_prompt.append({"prompt_id": prompt.id, "category": prompt.category, **sums})

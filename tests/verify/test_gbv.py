@@ -193,7 +193,8 @@ def test_node_order_matches_a_brute_force_sort_on_a_large_vocabulary():
     p = torch.softmax(4 * torch.randn(vocab, generator=generator, dtype=torch.float64), 0)
     p[:50] = q[:50] * 2.0  # equal ratios: ties broken by token id
     order = gbv.node_order(p, q)
-    threshold = min(gbv.RANKED_MIN_Q, gbv.RANKED_MIN_SHARE * float(q.max()))
+    threshold = min(gbv.RANKED_MIN_Q, gbv.RANKED_MIN_SHARE * float(q.max()))  # the rule, restated
+    assert float(gbv.ranked_threshold(q)) == threshold
     ranked = (q >= threshold).tolist()
     assert 0 < sum(ranked) < vocab  # both tiers are present
     ratio = (p / q).tolist()

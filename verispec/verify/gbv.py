@@ -66,6 +66,13 @@ class NodeOrder:
         return (1, int(self.bits[place]), token)
 
 
+def ranked_threshold(q: torch.Tensor, min_q: float = RANKED_MIN_Q,
+                     min_share: float = RANKED_MIN_SHARE) -> torch.Tensor:
+    """Return the least draft probability that ranks a token by its ratio key, min(min_q, min_share · max q), for
+    each row of q `[..., V]`, as `[..., 1]`."""
+    return (min_share * q.max(-1, keepdim=True).values).clamp_max(min_q)
+
+
 def node_order(p_u: torch.Tensor, q_u: torch.Tensor, min_q: float = RANKED_MIN_Q,
                min_share: float = RANKED_MIN_SHARE) -> NodeOrder:
     """Return the order of §2.2 at node u and the q-mass below each token under it (p_u, q_u: [V] float64).
@@ -73,7 +80,7 @@ def node_order(p_u: torch.Tensor, q_u: torch.Tensor, min_q: float = RANKED_MIN_Q
     Tokens with q(t|u) ≥ min(min_q, min_share · max q(·|u)) are ranked by their ratio key; min_q = 0 ranks every
     token, the plain ratio order of the reference code.
     """
-    is_ranked = q_u >= min(min_q, min_share * float(q_u.max()))  # [V]
+    is_ranked = q_u >= ranked_threshold(q_u, min_q, min_share)  # [V]
     below = torch.where(is_ranked, 0.0, q_u)  # [V] the unranked tokens' q, in token-id order
     unranked_mass = float(below.sum())
     # exclusive prefix sum in token-id order: the unranked mass below each unranked token
