@@ -82,17 +82,16 @@ def node_order(p_u: torch.Tensor, q_u: torch.Tensor, min_q: float = RANKED_MIN_Q
     """
     is_ranked = q_u >= ranked_threshold(q_u, min_q, min_share)  # [V]
     below = torch.where(is_ranked, 0.0, q_u)  # [V] the unranked tokens' q, in token-id order
-    unranked_mass = float(below.sum())
     # exclusive prefix sum in token-id order: the unranked mass below each unranked token
     inclusive = torch.cumsum(below, 0)
+    unranked_mass = float(inclusive[-1])
     below[1:] = inclusive[:-1]
     below[0] = 0.0
     ranked = torch.nonzero(is_ranked).view(-1)  # [M] ascending ids
     bits = key_bits(ratio_key(p_u[ranked], q_u[ranked]))  # [M]
-    order = torch.sort(bits, stable=True).indices  # ties in id order, since `ranked` ascends
-    q_sorted = q_u[ranked[order]]
-    above_unranked = torch.cumsum(q_sorted, 0) - q_sorted + unranked_mass
-    below[ranked[order]] = above_unranked
+    ascending = ranked[torch.sort(bits, stable=True).indices]  # ranked ids in order; ties by id, as `ranked` ascends
+    q_sorted = q_u[ascending]
+    below[ascending] = torch.cumsum(q_sorted, 0) - q_sorted + unranked_mass
     return NodeOrder(ranked=ranked, is_ranked=is_ranked, bits=bits, below=below)
 
 
