@@ -8,10 +8,12 @@ import os
 import pytest
 import torch
 
+from tests.device import check_test_device, on_test_device
 from verispec.models.hf import HFCausalLM
 from verispec.models.tiny import perturb, tiny_qwen2, tiny_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # an accidental hub call fails at once instead of hanging
+check_test_device()
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +32,13 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def tiny_pair(tokenizer):
-    """A tiny target and three drafters: the same weights, unrelated weights, and a perturbed copy."""
+    """A tiny target and three drafters: the same weights, unrelated weights, and a perturbed copy (on the test
+    device)."""
     vocab = len(tokenizer)
     target = tiny_qwen2(vocab, seed=1)
-    return {
-        "target": HFCausalLM(target, tokenizer, name="tiny-target"),
-        "same": HFCausalLM(copy.deepcopy(target), tokenizer, name="tiny-same"),
-        "unrelated": HFCausalLM(tiny_qwen2(vocab, seed=2), tokenizer, name="tiny-unrelated"),
-        "partial": HFCausalLM(perturb(copy.deepcopy(target), 0.03, seed=3), tokenizer, name="tiny-partial"),
-    }
+    models = {"target": target, "same": copy.deepcopy(target), "unrelated": tiny_qwen2(vocab, seed=2),
+              "partial": perturb(copy.deepcopy(target), 0.03, seed=3)}
+    return {role: HFCausalLM(on_test_device(model), tokenizer, name=f"tiny-{role}") for role, model in models.items()}
 
 
 @pytest.fixture(scope="session")

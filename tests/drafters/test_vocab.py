@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
+from tests.device import on_test_device
 from tests.stats import max_abs_diff, target_law
 from tests.verify.exact import speculative_law
 from verispec.drafters.vocab import draft_vocabulary, reduced_vocabulary, special_token_ids
@@ -58,7 +59,7 @@ def test_the_shipped_ranking_fits_the_default_pair_tokenizer():
 
 
 def test_sliced_head_gives_the_full_logits_on_its_tokens_and_minus_infinity_elsewhere(tokenizer):
-    full_model = tiny_qwen2(len(tokenizer), seed=1)
+    full_model = on_test_device(tiny_qwen2(len(tokenizer), seed=1))
     full = HFCausalLM(full_model, tokenizer)
     import copy
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tests.device import on_test_device
 from verispec.models.hf import HFCausalLM
 from verispec.models.tabular import TabularLM
 from verispec.models.tiny import tiny_qwen2, tiny_tokenizer
@@ -11,7 +12,7 @@ from verispec.models.tiny import tiny_qwen2, tiny_tokenizer
 
 def tiny_model(seed: int = 1) -> HFCausalLM:
     tokenizer = tiny_tokenizer()
-    return HFCausalLM(tiny_qwen2(len(tokenizer), seed=seed), tokenizer)
+    return HFCausalLM(on_test_device(tiny_qwen2(len(tokenizer), seed=seed)), tokenizer)
 
 
 def fresh_logits(model: HFCausalLM, tokens: list[int], n: int) -> torch.Tensor:
@@ -57,13 +58,14 @@ def test_hidden_states_are_the_last_layers_at_the_kept_positions():
     model.forward([4, 5])
     out = model.forward([6, 7, 8], n_logits=2, return_hidden=True)  # continues the cache
     with torch.no_grad():
-        full = model.model(input_ids=torch.tensor([[4, 5, 6, 7, 8]]), output_hidden_states=True)
+        full = model.model(input_ids=torch.tensor([[4, 5, 6, 7, 8]], device=model.device), output_hidden_states=True)
     assert out.hidden.shape == (2, model.model.config.hidden_size)
-    torch.testing.assert_close(out.hidden, full.hidden_states[-1][0, -2:], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out.logits, full.logits[0, -2:], atol=1e-5, rtol=1e-5)
+    assert out.hidden.device.type == out.logits.device.type == "cpu"  # the protocol's outputs live on the CPU
+    torch.testing.assert_close(out.hidden, full.hidden_states[-1][0, -2:].cpu(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.logits, full.logits[0, -2:].cpu(), atol=1e-5, rtol=1e-5)
     with torch.no_grad():  # and they are what the output layer reads
-        head = model.model.get_output_embeddings()(out.hidden)
-    torch.testing.assert_close(out.logits, head, atol=1e-5, rtol=1e-5)
+        head = model.model.get_output_embeddings()(out.hidden.to(model.device))
+    torch.testing.assert_close(out.logits, head.cpu(), atol=1e-5, rtol=1e-5)
 
 
 def test_tabular_model_rollback_and_logits():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.device import on_test_device
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.hf import HFCausalLM
 from verispec.models.lean import lean_support
@@ -34,6 +35,7 @@ def pair(kind: str, dtype: torch.dtype, backend: str = "torch") -> tuple[HFCausa
         model = tiny_llama(len(tokenizer), seed=3, dtype=dtype)
     else:
         model = tiny_qwen2(len(tokenizer), seed=3, dtype=dtype, tie_embeddings=kind == "qwen2-tied")
+    model = on_test_device(model)
     lean, plain = HFCausalLM(model, tokenizer), HFCausalLM(model, tokenizer, lean=False)
     if backend != "torch":
         assert apply_linear_backend(lean, backend) == backend  # packs the shared modules once
