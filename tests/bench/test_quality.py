@@ -33,7 +33,7 @@ def decoder(tiny_pair):
 def _hand_nll(model, prompt, output, shift=-1):
     """−Σ log softmax of a fresh full-sequence forward of the transformers model, at the positions predicting the
     output tokens (shift −1: position i predicts token i + 1; shift 0 is the off-by-one mistake)."""
-    ids = torch.tensor([prompt + output])
+    ids = torch.tensor([prompt + output], device=model.device)
     with torch.no_grad():
         logits = model.model(input_ids=ids).logits[0].double()  # [T, V]
     log_p = torch.log_softmax(logits, -1)

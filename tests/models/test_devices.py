@@ -17,7 +17,9 @@ from verispec.sampling import SamplingConfig
 pytestmark = pytest.mark.skipif(torch.device(TEST_DEVICE).type == "cpu",
                                 reason="VERISPEC_TEST_DEVICE is the CPU: nothing to compare against")
 
-TOLERANCE = 1e-9  # float64 weights: different kernels round differently, far below any decision the engine makes
+# float64 weights, but transformers builds the rotary tables in float32 on every device, and CPU and CUDA sin/cos
+# differ in the last bit: logits of size ~5 moved by 2.1e-6 on an H200. Far below any decision the engine makes.
+TOLERANCE = 1e-4
 
 
 def twins(seed: int = 1) -> tuple[HFCausalLM, HFCausalLM]:

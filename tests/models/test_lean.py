@@ -1,7 +1,10 @@
 """verispec's decoder loop against transformers' forward on the same modules: logits, hidden states, tree attention.
 
-Asserted bit-identical in every dtype: the loop calls the same modules in the same order (float32 through one fused
-RMSNorm that rounds as transformers' does; other dtypes through transformers' own norm modules).
+Asserted bit-identical in every dtype on the CPU: the loop calls the same modules in the same order (float32 through
+one fused RMSNorm that rounds as transformers' does; other dtypes through transformers' own norm modules). On a GPU
+(`VERISPEC_TEST_DEVICE`) float32 is held to FLOAT32_GPU_ATOL instead: there the two loops' matrix products of
+different shapes run different kernels (up to 1.5e-5 apart on logits of size ~5, measured on an H200); float64 and
+bfloat16 stayed bit-identical there.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.device import on_test_device
+from tests.device import TEST_DEVICE, on_test_device
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.hf import HFCausalLM
 from verispec.models.lean import lean_support
@@ -45,9 +48,16 @@ def pair(kind: str, dtype: torch.dtype, backend: str = "torch") -> tuple[HFCausa
     return lean, plain
 
 
+FLOAT32_GPU_ATOL = 1e-4
+ON_CPU = torch.device(TEST_DEVICE).type == "cpu"
+
+
 def check_equal(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
     assert a.dtype == (torch.float64 if dtype == torch.float64 else torch.float32), a.dtype
-    assert torch.equal(a, b), (a - b).abs().max()
+    if ON_CPU or dtype != torch.float32:
+        assert torch.equal(a, b), (a - b).abs().max()
+    else:
+        torch.testing.assert_close(a, b, rtol=0, atol=FLOAT32_GPU_ATOL)
 
 
 CASES = [("qwen2", torch.float32), ("qwen2", torch.float64), ("qwen2", torch.bfloat16), ("qwen2-tied", torch.float32),
@@ -84,7 +94,9 @@ def test_tree_forward_matches_transformers(kind: str, dtype: torch.dtype) -> Non
     check_equal(outs[0], outs[1], dtype)
 
 
-@pytest.mark.skipif(quantized_engine() is None, reason="this torch build has no fbgemm engine")
+@pytest.mark.skipif(quantized_engine() is None or not ON_CPU,
+                    reason="the int8 backend is a CPU kernel, and this torch build has no fbgemm engine or the test "
+                           "device is not the CPU")
 def test_int8_path_matches_transformers() -> None:
     lean, plain = pair("qwen2-tied", torch.float32, backend="int8")
     tokens = list(range(3, 20))
