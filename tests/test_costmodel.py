@@ -22,6 +22,7 @@ from verispec.costmodel import (
     breakdown,
     cost_ratios,
     modelled_speedup,
+    other_drafter_rounds,
     predict,
     predict_per_token,
 )
@@ -129,20 +130,25 @@ class Recording:
         self.inner.reset()
 
 
-@pytest.mark.parametrize("method, paths", [("sd", 1), ("gbv", 3)])
-def test_the_forwards_a_trace_implies_are_the_forwards_the_engine_made(tiny_pair, method, paths):
+@pytest.mark.parametrize("method, paths, drafter", [("sd", 1, "model"), ("gbv", 3, "model"), ("sd", 1, "ngram"),
+                                                    ("sd", 1, "hybrid")])
+def test_the_forwards_a_trace_implies_are_the_forwards_the_engine_made(tiny_pair, method, paths, drafter):
     # Linear in k (so mean first-forward sizes are exact); the target's context slope checks its contexts exactly.
     target = ModelCost("T", [1, 2, 16], [1.0, 1.25, 4.75], context=8, context_slope=0.125)
     draft = ModelCost("D", [1, 2, 16], [0.5, 0.625, 2.375], context=8)
     profile = HardwareProfile({"target": target, "draft": draft}, Overheads(sample_row=0.03))
     t, d = Recording(tiny_pair["target"]), Recording(tiny_pair["partial"])
-    out = Engine(t, d).decode(list(range(3, 12)), DecodeConfig(method=method, gamma=3, paths=paths,
-                                                               max_new_tokens=25))
+    prompt = [3, 4, 5, 6, 7] * 3 if drafter != "model" else list(range(3, 12))  # repeats for prompt lookup
+    out = Engine(t, d).decode(prompt, DecodeConfig(method=method, gamma=3, paths=paths, max_new_tokens=25,
+                                                   drafter=drafter))
     parts = breakdown(out.trace, profile)
     assert parts.target == pytest.approx(sum(target.forward_seconds(k, ctx) for k, ctx in t.calls))
-    rows = sum(r.drafted * r.paths for r in out.trace.rounds)
+    rows = sum(r.drafted * r.paths for r in out.trace.rounds if r.drafter == "model")
     assert parts.draft == pytest.approx(sum(draft.forward_seconds(k, 8) for k, _ in d.calls) + 0.03 * rows)
     assert len(d.calls) == out.trace.draft_calls and len(t.calls) == out.trace.target_calls
+    expected_kinds = {"ngram", "model"} if drafter == "hybrid" else {drafter}  # each kind of round was priced
+    assert {r.drafter for r in out.trace.rounds if r.drafted} == expected_kinds
+    assert other_drafter_rounds([out.trace]) == (drafter != "model")
 
 
 def test_profile_json_round_trip_and_schema_check(tmp_path):

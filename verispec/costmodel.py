@@ -15,9 +15,10 @@ f(k) = t(k) / t(1) is the curve's shape: on a CPU it grows with k; on a memory-b
 k, since a forward's time is dominated by reading the weights once (`accelerator_profile`).
 
 Which forwards a trace implies (verispec.engine, verispec.drafting): round r's target pass feeds `fed` tokens
-after `committed − (fed − nodes)` cached ones. A round that drafts d tokens on K paths makes d draft forwards: one
-feeding the committed tokens the draft cache lacks (the prompt in round 0, then 1 or 2 tokens), then d − 1 feeding
-K tokens each; the first forwards' sizes are recovered from the trace's `draft_tokens` total.
+after `committed − (fed − nodes)` cached ones. A round whose draft model drafted d tokens on K paths makes d draft
+forwards: one feeding the committed tokens the draft cache lacks (the prompt in round 0, then 1 or 2 tokens, more
+after rounds it sat out), then d − 1 feeding K tokens each; the first forwards' sizes are recovered from the trace's
+`draft_tokens` total. Rounds proposed by another drafter (prompt lookup: `RoundTrace.drafter`) run no draft model.
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ def _as_dict(trace: Any) -> dict[str, Any]:
 
 def _draft_forwards(trace: dict[str, Any], commits: list[int]) -> list[tuple[float, float]]:
     """Return (new tokens, cached tokens) of every draft forward a speculative trace implies (module docstring)."""
-    rounds = [(i, r) for i, r in enumerate(trace["rounds"]) if r["drafted"] > 0]
+    rounds = [(i, r) for i, r in enumerate(trace["rounds"]) if r["drafted"] > 0 and drafted_by_model(r)]
     if not rounds:
         return []
     later = [(r.get("paths", 1), commits[i]) for i, r in rounds for _ in range(r["drafted"] - 1)]
@@ -207,6 +208,17 @@ def _draft_forwards(trace: dict[str, Any], commits: list[int]) -> list[tuple[flo
         mean = max(trace.get("draft_tokens", 0) / calls, 1.0)
         return [(mean, commits[i]) for i, r in rounds for _ in range(r["drafted"])]
     return first + [(float(k), float(ctx)) for k, ctx in later]
+
+
+def drafted_by_model(round_: dict[str, Any]) -> bool:
+    """Whether a round's proposal came from the draft model (traces before `drafter` was recorded: always)."""
+    return round_.get("drafter", "model") == "model"
+
+
+def other_drafter_rounds(traces: list[Any]) -> bool:
+    """Whether any round of these traces was proposed by a drafter other than the draft model: then the SD formula,
+    which prices every round as γ draft-model forwards, does not describe the decode."""
+    return any(r.get("drafter", "model") not in ("model", "none") for t in traces for r in _as_dict(t)["rounds"])
 
 
 def breakdown(trace: Any, profile: HardwareProfile) -> CostBreakdown:
@@ -236,7 +248,7 @@ def breakdown(trace: Any, profile: HardwareProfile) -> CostBreakdown:
     if drafts:
         draft = profile.model("draft")
         out.draft += sum(draft.forward_seconds(k, ctx) for k, ctx in drafts)
-        out.draft += o.sample_row * sum(r["drafted"] * r.get("paths", 1) for r in rounds)
+        out.draft += o.sample_row * sum(r["drafted"] * r.get("paths", 1) for r in rounds if drafted_by_model(r))
     if draft_decodes:
         out.draft += decode
     else:

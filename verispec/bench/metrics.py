@@ -50,6 +50,7 @@ from typing import Any
 from verispec.bench.flops import summarize_flops
 from verispec.bench.quality import summarize_quality
 from verispec.bench.sprinter_online import leak_online, sprinter_online, verifier_rates
+from verispec.costmodel import other_drafter_rounds
 from verispec.methods import METHODS
 from verispec.stats import Interval, bootstrap_ratio, default_baseline
 from verispec.stats import paired_speedup as paired_totals_speedup
@@ -264,8 +265,9 @@ def summarize(
             sum(base[i]["tokens"] == by_method[method][i]["tokens"] for i in shared) / len(shared) if shared else None
         )
         method_gamma = gamma.get(method) if isinstance(gamma, dict) else gamma
-        # The SD formula models single-path token verification with a fixed draft length only.
-        if drafted and method_gamma is not None and method.split(":")[0] in SD_FORMULA_METHODS:
+        # The SD formula models single-path token verification with a fixed draft length from the draft model only.
+        if (drafted and method_gamma is not None and method.split(":")[0] in SD_FORMULA_METHODS
+                and not other_drafter_rounds(traces)):
             c, f = measured_costs(mine, method_gamma, t1)
             theory = theoretical_speedup(row["alpha"], method_gamma, c, f)
             row.update(cost_draft_c=c, cost_block_f=f, theoretical_speedup=theory)

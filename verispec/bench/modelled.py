@@ -23,7 +23,7 @@ def render_modelled(results: dict[str, Any], profile: Any, baseline: str, peer_p
     transformers peers' with `peer_profile` when given (they run their own linear path)."""
     from verispec.bench.peers import PEERS
     from verispec.bench.variants import parse_method
-    from verispec.costmodel import KIND_MODELLED, cost_ratios, modelled_speedup
+    from verispec.costmodel import KIND_MODELLED, cost_ratios, modelled_speedup, other_drafter_rounds
 
     cfg = results["config"]
     peers = [m for m in cfg["methods"] if m.split(":")[0] in PEERS]
@@ -33,7 +33,9 @@ def render_modelled(results: dict[str, Any], profile: Any, baseline: str, peer_p
     for row in rows:  # the SD formula at each method's own γ and at the c, f of the profile that prices it
         priced = peer_profile if peer_profile is not None and row["method"] in peers else profile
         gamma = int(parse_method(row["method"], {row["method"].split(":")[0]}).overrides.get("gamma", cfg["gamma"]))
-        c, f = cost_ratios(priced, gamma) if {"target", "draft"} <= set(priced.models) else (None, None)
+        traces = [r["trace"] for r in results["records"] if r["method"] == row["method"]]
+        model_drafts = {"target", "draft"} <= set(priced.models) and not other_drafter_rounds(traces)
+        c, f = cost_ratios(priced, gamma) if model_drafts else (None, None)
         row["profile_theory"] = theoretical_speedup(alpha.get(row["method"]), gamma, c, f)
     c, f = cost_ratios(profile, cfg["gamma"]) if {"target", "draft"} <= set(profile.models) else (None, None)
     target = profile.models.get("target")
