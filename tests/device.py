@@ -25,6 +25,11 @@ def check_test_device() -> None:
         pytest.exit(f"VERISPEC_TEST_DEVICE={TEST_DEVICE!r}, but this torch sees no CUDA device", returncode=4)
 
 
+def device_is_cpu() -> bool:
+    """Whether the test device is the CPU (call after `check_test_device`, which conftest runs first)."""
+    return torch.device(TEST_DEVICE).type == "cpu"
+
+
 def on_test_device(model: Any) -> Any:
     """Move a torch module to the test device; return it."""
     return model.to(TEST_DEVICE)

@@ -8,13 +8,13 @@ import copy
 import pytest
 import torch
 
-from tests.device import TEST_DEVICE, on_test_device
+from tests.device import TEST_DEVICE, device_is_cpu, on_test_device
 from verispec.engine import DecodeConfig, Engine
 from verispec.models.hf import HFCausalLM
 from verispec.models.tiny import perturb, tiny_qwen2, tiny_tokenizer
 from verispec.sampling import SamplingConfig
 
-pytestmark = pytest.mark.skipif(torch.device(TEST_DEVICE).type == "cpu",
+pytestmark = pytest.mark.skipif(device_is_cpu(),
                                 reason="VERISPEC_TEST_DEVICE is the CPU: nothing to compare against")
 
 # float64 weights, but transformers builds the rotary tables in float32 on every device, and CPU and CUDA sin/cos

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.device import TEST_DEVICE, on_test_device
+from tests.device import device_is_cpu, on_test_device
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.hf import HFCausalLM
 from verispec.models.lean import lean_support
@@ -49,7 +49,7 @@ def pair(kind: str, dtype: torch.dtype, backend: str = "torch") -> tuple[HFCausa
 
 
 FLOAT32_GPU_ATOL = 1e-4
-ON_CPU = torch.device(TEST_DEVICE).type == "cpu"
+ON_CPU = device_is_cpu()
 
 
 def check_equal(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
