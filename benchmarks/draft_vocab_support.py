@@ -31,7 +31,7 @@ from verispec.models.pair import encode_prompt
 
 
 def ar_answers(path: str, limit: int) -> list[dict[str, Any]]:
-    """Return up to `limit` `ar` records (one per prompt, first run) of a results file or its `.json.gz` archive."""
+    """Return the `ar` records of the first `limit` prompts of a results file or its `.json.gz` archive."""
     if path.endswith(".gz"):
         with gzip.open(path, "rt", encoding="utf-8") as handle:
             results = restore_prompts(json.load(handle))
@@ -39,7 +39,7 @@ def ar_answers(path: str, limit: int) -> list[dict[str, Any]]:
         results = json.loads(Path(path).read_text())
     seen: dict[str, dict[str, Any]] = {}
     for record in results["records"]:
-        if record["method"] == "ar" and record["run"] == 0 and record["prompt_id"] not in seen:
+        if record["method"] == "ar" and record["prompt_id"] not in seen:
             seen[record["prompt_id"]] = record
     return list(seen.values())[:limit]
 
