@@ -24,6 +24,9 @@
 #   lookup-categories-T0 lookup-categories-T1             prompt lookup (ngram), the hybrid and the model drafter on
 #                                                         Spec-Bench's summarization and RAG prompts, against ar,
 #                                                         transformers' prompt lookup and llama.cpp's plain decoding
+#   int4-draft-vocab-humaneval-T0 int4-draft-vocab-mt-bench-T0
+#                                                         sd with the reduced draft head (16k, 8k tokens + the
+#                                                         context's) against the full head, both models on int4
 #   profile                                               the cost model's hardware profiles (oneDNN and torch linears)
 # UPTO runs that many prompts in all (default: the full size). Every bench run writes its results after each prompt
 # and resumes with `--resume`, so a run can stop (or be killed) and go on later, losing at most the prompt in
@@ -203,6 +206,12 @@ lookup_run() {  # lookup_run TEMPERATURE UPTO [BACKEND DRAFT]: the drafters on t
     --methods ar sd:gamma=4 sd:drafter=ngram sd:drafter=ngram,gamma=8 sd:drafter=hybrid "${peers[@]}"
 }
 
+draft_vocab_run() {  # draft_vocab_run SOURCE UPTO: the reduced draft head against the full one, T = 0, int4 path.
+  # MT-Bench and HumanEval: the ranking's mix of code and prose was chosen on Spec-Bench dev prompts, not on these.
+  bench "int4-draft-vocab-$1-T0" "$2" --prompts "$1" --subset-seed 0 --temperature 0 --linear-backend int4 \
+    --compare-to sd:gamma=4 --methods ar sd:gamma=4 sd:gamma=4,draft_vocab=16384 sd:gamma=4,draft_vocab=8192
+}
+
 profiles() {  # the cost model's profiles: verispec's oneDNN linears, and transformers' own linears for the peers
   $V profile --out results/profile_cpu_fp32_onednn.json
   $V profile --linear-backend torch --out results/profile_cpu_fp32_torch.json
@@ -242,6 +251,8 @@ case "$RUN" in
   int4-lossy-humaneval-T1) lossy_run 1 "${2:-40}" int4 ;;
   lookup-categories-T0) lookup_run 0 "${2:-20}" ;;
   lookup-categories-T1) lookup_run 1 "${2:-20}" ;;
+  int4-draft-vocab-humaneval-T0) draft_vocab_run humaneval "${2:-10}" ;;
+  int4-draft-vocab-mt-bench-T0) draft_vocab_run mt-bench "${2:-10}" ;;
   profile) profiles ;;
   *) echo "unknown run: $RUN" >&2; exit 2 ;;
 esac

@@ -25,12 +25,13 @@ def ids(tokenizer):
     return tokenizer(PROMPT)["input_ids"]
 
 
-@pytest.fixture(scope="module")
-def reduced_same(tiny_pair, tokenizer):
-    """The target's own weights with a head over half the vocabulary (the special tokens and the even ids)."""
+@pytest.fixture(scope="module", params=[False, True], ids=["fixed-head", "context-head"])
+def reduced_same(request, tiny_pair, tokenizer):
+    """The target's own weights with a head over half the vocabulary (the special tokens and the even ids), alone
+    or with the context's tokens."""
     model = copy.deepcopy(tiny_pair["target"].model)
     keep = [0, 1] + list(range(2, len(tokenizer), 2))
-    return HFCausalLM(model, tokenizer, name="tiny-same-reduced", vocab_ids=keep)
+    return HFCausalLM(model, tokenizer, name="tiny-same-reduced", vocab_ids=keep, context_vocab=request.param)
 
 
 @pytest.mark.parametrize("method,paths", SINGLE + MULTI)
@@ -55,7 +56,25 @@ def test_greedy_reduced_head_equals_ar(tiny_pair, tokenizer, reduced_same, metho
     out = engine.decode(ids(tokenizer), config)
     assert out.tokens == expected
     # The same weights, half the head: a target token outside the head is never drafted, one inside always is.
-    assert 0.0 < out.trace.acceptance_rate < 1.0
+    assert 0.0 < out.trace.acceptance_rate <= 1.0
+    if not reduced_same.reduced_head.context:
+        assert out.trace.acceptance_rate < 1.0
+
+
+def test_a_context_head_accepts_what_the_context_repeats(tiny_pair, tokenizer):
+    """Half the head, fixed or grown with the context: the same greedy tokens; the odd-id tokens that the prompt
+    and the answer repeat are drafted (and accepted) only by the context head."""
+    keep = [0, 1] + list(range(2, len(tokenizer), 2))
+    accepted = {}
+    expected = Engine(tiny_pair["target"]).decode(ids(tokenizer), DecodeConfig("ar", max_new_tokens=40)).tokens
+    for context in (False, True):
+        draft = HFCausalLM(copy.deepcopy(tiny_pair["target"].model), tokenizer, vocab_ids=keep, context_vocab=context)
+        out = Engine(tiny_pair["target"], draft).decode(ids(tokenizer), DecodeConfig("sd", gamma=4, max_new_tokens=40,
+                                                                                        draft_vocab=len(keep)))
+        assert out.tokens == expected
+        accepted[context] = sum(r.accepted for r in out.trace.rounds)
+    repeated_odd = [t for i, t in enumerate(expected) if t % 2 and t not in keep and t in ids(tokenizer) + expected[:i]]
+    assert repeated_odd and accepted[True] > accepted[False]
 
 
 def test_hybrid_records_which_drafter_proposed(tiny_pair, tokenizer):

@@ -61,7 +61,8 @@ def add_decode_options(parser: argparse.ArgumentParser) -> None:
                              "many times the tokens still to generate; longer prompts are drafted by lookup alone "
                              f"(default: {DecodeConfig.hybrid_catchup:g}; inf: always)")
     parser.add_argument("--draft-vocab", type=int, default=DecodeConfig.draft_vocab,
-                        help="N: the draft head covers only the N most frequent tokens (default: all)")
+                        help="N: the draft head covers only the N most frequent tokens, plus the tokens of the "
+                             "prompt and the answer so far (default: all)")
 
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:

@@ -64,7 +64,7 @@ def test_sliced_head_gives_the_full_logits_on_its_tokens_and_minus_infinity_else
     import copy
 
     keep = [0, 1, 5, 6, 20, 30]
-    reduced = HFCausalLM(copy.deepcopy(full_model), tokenizer, vocab_ids=keep)
+    reduced = HFCausalLM(copy.deepcopy(full_model), tokenizer, vocab_ids=keep, context_vocab=False)
     assert reduced.vocab_size == full.vocab_size and reduced.draft_vocab == len(keep)
     assert reduced.model.get_output_embeddings().weight.shape[0] == len(keep)  # the head itself is smaller
     prompt = tokenizer("abc ab")["input_ids"]
@@ -79,16 +79,47 @@ def test_sliced_head_gives_the_full_logits_on_its_tokens_and_minus_infinity_else
         HFCausalLM(copy.deepcopy(full_model), tokenizer, vocab_ids=[3, 3])
 
 
-class Restricted:
-    """A tabular draft whose conditionals are renormalised onto the token subset `support` (a reduced head)."""
+def test_context_head_covers_each_positions_own_context_and_forgets_it_on_reset(tokenizer):
+    full_model = on_test_device(tiny_qwen2(len(tokenizer), seed=1))
+    full = HFCausalLM(full_model, tokenizer)
+    import copy
 
-    def __init__(self, model: TabularLM, support: list[int]) -> None:
-        self.model, self.vocab_size = model, model.vocab_size
+    keep = [0, 1, 5, 6, 20, 30]
+    reduced = HFCausalLM(copy.deepcopy(full_model), tokenizer, vocab_ids=keep)
+    assert reduced.draft_vocab == len(keep)
+    prompt = tokenizer("abc abd")["input_ids"]
+    assert set(prompt) - set(keep)  # the prompt brings tokens the fixed head lacks
+    a, b = full.forward(prompt, n_logits=len(prompt)).logits, reduced.forward(prompt, n_logits=len(prompt)).logits
+    for row in range(len(prompt)):  # row r predicts the token after prompt[r]: its head is keep + prompt[:r + 1]
+        inside = torch.zeros(full.vocab_size, dtype=torch.bool)
+        inside[keep + prompt[: row + 1]] = True
+        assert torch.allclose(b[row, inside], a[row, inside], atol=1e-9), row
+        assert torch.all(b[row, ~inside] == float("-inf")), row
+    # The same rows one token at a time: a position's head does not depend on what else shares its forward.
+    reduced.reset()
+    steps = torch.cat([reduced.forward([token]).logits for token in prompt])
+    assert torch.equal(steps.isinf(), b.isinf()) and torch.allclose(steps, b, atol=1e-9)
+    # A new sequence starts from the fixed head again.
+    reduced.reset()
+    other = tokenizer("a")["input_ids"]
+    c = reduced.forward(other).logits[0]
+    assert set(torch.nonzero(c > float("-inf")).flatten().tolist()) == set(keep) | set(other)
+
+
+class Restricted:
+    """A tabular draft whose conditionals are renormalised onto the token subset `support` (a reduced head), and
+    with `context` onto `support` plus every token of the prefix (the head of `verispec.models.reduced_head`)."""
+
+    def __init__(self, model: TabularLM, support: list[int], context: bool = False) -> None:
+        self.model, self.vocab_size, self.context = model, model.vocab_size, context
         self.mask = torch.zeros(model.vocab_size, dtype=torch.float64)
         self.mask[support] = 1.0
 
     def conditional(self, prefix):
-        q = self.model.conditional(prefix) * self.mask
+        mask = self.mask.clone()
+        if self.context:
+            mask[list(prefix)] = 1.0
+        q = self.model.conditional(prefix) * mask
         return q / q.sum()
 
     def sequence_prob(self, context, continuation):
@@ -106,6 +137,11 @@ def pair(seed: int):
     return TabularLM(3, seed=90 + seed), Restricted(TabularLM(3, seed=95 + seed, sharpness=2.0), [0, 2])
 
 
+def context_pair(seed: int):
+    """Vocabulary 4, a fixed support {0, 2} and the context [0, 1]: token 3 joins the head once the target emits it."""
+    return TabularLM(4, seed=90 + seed), Restricted(TabularLM(4, seed=95 + seed, sharpness=2.0), [0, 2], context=True)
+
+
 def error(law_fn, target, draft, gamma, k=None) -> float:
     law = speculative_law(law_fn, target, draft, CONTEXT, gamma, gamma + 1, k=k)
     assert abs(sum(law.values()) - 1.0) < 1e-12
@@ -120,6 +156,15 @@ def test_reduced_vocabulary_q_is_lossless(law_fn, k, gamma, seed):
     assert error(law_fn, *pair(seed), gamma, k) < 1e-12
 
 
+@pytest.mark.parametrize("law_fn,k", [(token_verify_law, None), (block_verify_law, None), (gbv_verify_law, 2)],
+                         ids=["sd", "bv", "gbv"])
+@pytest.mark.parametrize("gamma", [1, 2])
+def test_a_head_that_grows_with_the_context_is_lossless(law_fn, k, gamma):
+    target, draft = context_pair(0)
+    assert draft.conditional([0, 1])[3] == 0 and draft.conditional([0, 1, 3])[3] > 0  # the head does grow
+    assert error(law_fn, target, draft, gamma, k) < 1e-12
+
+
 class SupportOnlyResidual(BlockLaw):
     """A planted bug: the residual is kept only on the draft's support (a token outside the head never comes out)."""
 
@@ -132,6 +177,7 @@ class SupportOnlyResidual(BlockLaw):
 
 
 @pytest.mark.parametrize("law_fn", [token_verify_law, block_verify_law], ids=["sd", "bv"])
-def test_reduced_vocabulary_check_catches_a_residual_on_the_draft_support(law_fn):
+@pytest.mark.parametrize("make_pair", [pair, context_pair], ids=["fixed", "context"])
+def test_reduced_vocabulary_check_catches_a_residual_on_the_draft_support(law_fn, make_pair):
     buggy = lambda tokens, q, p: SupportOnlyResidual(**vars(law_fn(tokens, q, p)))  # noqa: E731
-    assert error(buggy, *pair(0), 2) > 1e-3
+    assert error(buggy, *make_pair(0), 2) > 1e-3

@@ -16,6 +16,7 @@ from verispec.models.kv_cache import InPlaceKVCache
 from verispec.models.lean import LeanDecoder, lean_support
 from verispec.models.manifest import safetensors_problem
 from verispec.models.protocol import ForwardOutput, TreeCachedLM
+from verispec.models.reduced_head import ReducedHead
 from verispec.models.tree import CacheTree
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -35,10 +36,11 @@ class HFCausalLM(TreeCachedLM):
 
     def __init__(
         self, model: Any, tokenizer: Any = None, name: str | None = None, vocab_ids: Sequence[int] | None = None,
-        lean: bool = True,
+        lean: bool = True, context_vocab: bool = True,
     ) -> None:
         """`vocab_ids`: a reduced head; the output layer is sliced to these token ids once, here (before any
-        weight packing), and `forward` returns logits over the whole vocabulary with -inf outside them.
+        weight packing), and `forward` returns logits over the whole vocabulary with -inf outside them. With
+        `context_vocab` the head also covers every token fed since the last reset (`verispec.models.reduced_head`).
         `lean`: run verispec's own decoder loop (`verispec.models.lean`) where the architecture allows it;
         False keeps transformers' forward (the same logits, more framework time per forward)."""
         from transformers import DynamicCache
@@ -51,10 +53,11 @@ class HFCausalLM(TreeCachedLM):
         self.name = name or getattr(model.config, "name_or_path", None) or type(model).__name__
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.device = next(model.parameters()).device
-        self.vocab_ids: torch.Tensor | None = None  # [N] long, sorted: the token ids of a reduced head
+        self.vocab_ids: torch.Tensor | None = None  # [N] long, sorted: the fixed token ids of a reduced head
         self.draft_vocab: int | None = None  # N, or None for the full head
+        self._head: ReducedHead | None = None
         if vocab_ids is not None:
-            self._slice_head(vocab_ids)
+            self._slice_head(vocab_ids, context_vocab)
         self._dynamic_cache = lambda: DynamicCache(config=model.config)
         self.set_decoder_loop(lean)
 
@@ -75,10 +78,11 @@ class HFCausalLM(TreeCachedLM):
     def _run(self, tokens: Sequence[int], n_logits: int, return_hidden: bool,
              tree: tuple[torch.Tensor, torch.Tensor] | None) -> ForwardOutput:
         """Return the last `n_logits` logits `[n, V]` (float32 at least, CPU) of `tokens` after the cached ones."""
+        fresh = self._head.cover(tokens) if self._head is not None else None  # before the forward that uses them
         ids = torch.as_tensor(list(tokens), dtype=torch.long, device=self.device).unsqueeze(0)  # [1, T]
         if self._lean is not None:
             logits, hidden = self._lean(ids, self._cache, n_logits, return_hidden, tree)
-            return self._outputs(logits, hidden)
+            return self._outputs(logits, hidden, fresh, len(tokens))
         extra: dict[str, Any] = {}
         if tree is not None:
             mask, depths = tree  # [T, cache+T] bool, [T]
@@ -96,39 +100,35 @@ class HFCausalLM(TreeCachedLM):
             **extra,
         )
         hidden = out.hidden_states[-1][0, -n_logits:] if return_hidden else None
-        return self._outputs(out.logits[0, -n_logits:], hidden)
+        return self._outputs(out.logits[0, -n_logits:], hidden, fresh, len(tokens))
 
-    def _outputs(self, logits: torch.Tensor, hidden: torch.Tensor | None) -> ForwardOutput:
+    def _outputs(self, logits: torch.Tensor, hidden: torch.Tensor | None, fresh: torch.Tensor | None = None,
+                 fed: int = 0) -> ForwardOutput:
         """Return `logits` [n, V or N] and `hidden` [n, H] as the protocol wants them: CPU, full vocabulary,
-        float32 at least (bf16/fp16 are upcast; float64 models keep their precision)."""
+        float32 at least (bf16/fp16 are upcast; float64 models keep their precision). `fresh`, `fed`: the reduced
+        head's columns added by this forward of `fed` tokens (`ReducedHead.cover`)."""
         n_logits = logits.shape[0]
         upcast = (lambda t: t) if logits.dtype == torch.float64 else (lambda t: t.float())
-        logits = upcast(logits)  # [n, V], or [n, N] with a reduced head
-        if self.vocab_ids is not None:
+        logits = upcast(logits)  # [n, V], or [n, N + context tokens] with a reduced head
+        if self._head is not None:
+            logits = ReducedHead.causal(logits, fresh, fed) if fresh is not None else logits
             # Back to full-vocabulary ids: -inf outside the head, so softmax, top-k/top-p and argmax give q zero there.
             full = logits.new_full((n_logits, self.vocab_size), float("-inf"))
-            logits = full.index_copy_(1, self.vocab_ids, logits)  # [n, V]
+            logits = full.index_copy_(1, self._head.ids, logits)  # [n, V]
         hidden = upcast(hidden).cpu() if hidden is not None else None  # [n, H]
         return ForwardOutput(logits=logits.cpu(), hidden=hidden)
 
-    @torch.no_grad()
-    def _slice_head(self, vocab_ids: Sequence[int]) -> None:
-        """Replace the output layer by its rows `vocab_ids` (a smaller nn.Linear: N instead of V logits)."""
-        ids = sorted({int(t) for t in vocab_ids})
-        if len(ids) < 2 or ids[0] < 0 or ids[-1] >= self.vocab_size:
-            raise ConfigError(f"a reduced head needs >= 2 distinct token ids in [0, {self.vocab_size}), got "
-                              f"{len(ids)} in [{ids[0] if ids else None}, {ids[-1] if ids else None}]")
-        head = self.model.get_output_embeddings()
-        if head.weight.shape[-1] == 0:
-            raise ConfigError(f"the output layer of {self.name!r} is already packed; slice it before packing")
-        index = torch.tensor(ids, dtype=torch.long, device=head.weight.device)
-        sliced = torch.nn.Linear(head.in_features, len(ids), bias=head.bias is not None,
-                                 dtype=head.weight.dtype, device=head.weight.device)
-        sliced.weight.copy_(head.weight.index_select(0, index))
-        if head.bias is not None:
-            sliced.bias.copy_(head.bias.index_select(0, index))
-        self.model.set_output_embeddings(sliced)  # the full head is released unless tied to the input embeddings
-        self.vocab_ids, self.draft_vocab = index.to(self.device), len(ids)
+    @property
+    def reduced_head(self) -> ReducedHead | None:
+        """The reduced output layer (its `ids` are the tokens it covers now), or None for the full head."""
+        return self._head
+
+    def _slice_head(self, vocab_ids: Sequence[int], context: bool) -> None:
+        """Replace the output layer by a `ReducedHead` over `vocab_ids` (N instead of V logits, plus the context's
+        tokens with `context`)."""
+        self._head = ReducedHead(self.model.get_output_embeddings(), vocab_ids, context)
+        self.model.set_output_embeddings(self._head)  # the full layer's rows stay reachable only with `context`
+        self.vocab_ids, self.draft_vocab = self._head.base_ids, len(self._head.base_ids)
 
     def truncate(self, length: int) -> None:
         """Roll the KV cache back to its first `length` tokens."""
@@ -151,9 +151,11 @@ class HFCausalLM(TreeCachedLM):
         self._tree = CacheTree.chain(len(positions))
 
     def reset(self) -> None:
-        """Empty the KV cache."""
+        """Empty the KV cache (and a reduced head's context tokens)."""
         self._cache = self._new_cache()
         self._tree = CacheTree.chain(0)
+        if self._head is not None:
+            self._head.clear()
 
 
 # A Hugging Face hub id: "name" or "owner/name". Anything else that is not an existing path cannot be loaded.

@@ -28,6 +28,7 @@ def load_model(
     device: str = "cpu",
     linear_backend: str = DEFAULT_LINEAR_BACKEND,
     draft_vocab: int | None = None,
+    context_vocab: bool = True,
 ) -> CausalLM:
     """Return the model named by `spec` for `role` ("target" or "draft"); None or "default" is the embedded pair.
 
@@ -36,7 +37,8 @@ def load_model(
     `linear_backend`: "onednn" (default), "int8" or "int4" (CPU only, see verispec.models.fastpath) or "torch"
     (transformers as is).
     `draft_vocab`: N, to slice the output layer to the N most frequent tokens plus the special ones
-    (`verispec.drafters.vocab`) before the weights are packed or quantized.
+    (`verispec.drafters.vocab`) before the weights are packed or quantized; the head then also covers the tokens of
+    each decode's context (`verispec.models.reduced_head`), unless `context_vocab` is False.
     """
     check_linear_backend(linear_backend)  # before minutes of loading
     if spec is not None and spec.startswith(LLAMACPP_PREFIX):
@@ -57,8 +59,9 @@ def load_model(
         from verispec.drafters.vocab import draft_vocabulary
 
         vocab_ids = draft_vocabulary(tokenizer, draft_vocab, int(model.get_output_embeddings().weight.shape[0]))
-        name = f"{name} (head of {draft_vocab} tokens)"
+        extent = " + the context's" if context_vocab else ""
+        name = f"{name} (head of {draft_vocab} tokens{extent})"
     # reads the vocabulary size and slices the head before the weights are packed
-    wrapped = HFCausalLM(model, tokenizer, name=name, vocab_ids=vocab_ids)
+    wrapped = HFCausalLM(model, tokenizer, name=name, vocab_ids=vocab_ids, context_vocab=context_vocab)
     apply_linear_backend(wrapped, linear_backend)
     return wrapped
