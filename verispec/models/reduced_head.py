@@ -48,6 +48,7 @@ class ReducedHead(torch.nn.Module):
         self._rows, self._row_bias = (weight, bias) if context else (None, None)
         self._inside = torch.zeros(vocab_size, dtype=torch.bool)
         self._inside[ids] = True
+        self._extra_ids = index.new_empty(0)
         self.clear()
 
     @property
@@ -62,9 +63,7 @@ class ReducedHead(torch.nn.Module):
 
     def clear(self) -> None:
         """Forget the context's tokens (a new sequence): the head is the fixed subset again."""
-        extra = getattr(self, "_extra_ids", None)
-        if extra is not None and len(extra):
-            self._inside[extra.cpu()] = False
+        self._inside[self._extra_ids.cpu()] = False
         self._extra_ids = self.base_ids.new_empty(0)
         self._extra = self.base.weight.new_empty(0, self.base.in_features)
         self._extra_bias = None if self._row_bias is None else self._row_bias.new_empty(0)
