@@ -81,8 +81,8 @@ class ReducedHead(torch.nn.Module):
         new, first = unique[fresh], first[fresh]
         if len(new):
             self._inside[new] = True
-            index = new.to(self._rows.device)
-            self._extra_ids = torch.cat([self._extra_ids, index.to(self.base_ids.device)])
+            index = new.to(self._rows.device)  # the rows, base_ids and extra ids share the layer's device
+            self._extra_ids = torch.cat([self._extra_ids, index])
             self._extra = torch.cat([self._extra, self._rows.index_select(0, index)])
             if self._row_bias is not None:
                 self._extra_bias = torch.cat([self._extra_bias, self._row_bias.index_select(0, index)])
