@@ -1,5 +1,5 @@
 """One engine switch on and off, paired on the same prompts: the thread rule, verispec's decoder loop, its in-place
-KV cache, or int4.
+KV cache, fused projections, or int4.
 
 `--switch thread-rule`: with the draft in llama.cpp and the target in torch, both thread pools share the cores; the
 engine keeps torch at one thread outside the target's forwards so that no OpenMP worker spins while llama.cpp
@@ -8,6 +8,8 @@ computes (`verispec.models.threads`). Off: `verispec.engine.shared_cores` replac
 forward (`HFCausalLM.set_decoder_loop(False)`).
 `--switch kv-cache`: the decoder loop writes its KV cache in place (`verispec.models.kv_cache`); off: it appends to
 transformers' DynamicCache by concatenation.
+`--switch fused-projections`: on the int4 backend the decoder loop runs q/k/v and gate/up as one kernel call each
+(`verispec.models.fused`, bit-identical); off: one call per layer.
 `--switch int4`: the target on the int4 linear backend (its 4-bit GGUF layers in 4 bits, verispec.models.int4);
 off: on int8. Two decoders are loaded; their numerics differ, so the arms may write different tokens (counted).
 
@@ -22,7 +24,8 @@ script prints the ratio of total time per token with a 95% percentile-bootstrap 
 
 HumanEval problems (or `--source` prompts) from position `--offset` of the seed-0 order (the main llama.cpp runs
 use positions 0-19 of HumanEval); int8 target (`--linear-backend` chooses for every switch but int4), llama.cpp
-draft (needs `make peers`), T = 0, γ = 4, 128 new tokens.
+draft (needs `make peers`; `--draft default` takes the torch draft on the same backend), T = 0, γ = 4, 128 new
+tokens.
 """
 
 from __future__ import annotations
@@ -64,12 +67,21 @@ def switch_setter(switch: str, decoder: Decoder) -> Callable[[bool], None]:
         return decoder.model("target").set_decoder_loop
     if switch == "kv-cache":
         return lambda on: decoder.model("target").set_decoder_loop(True, in_place_cache=on)
+    if switch == "fused-projections":
+        def set_fused(on: bool) -> None:
+            for role in ("target", "draft"):
+                model = decoder.model(role)
+                if hasattr(model, "set_decoder_loop"):  # a torch model (not llama.cpp)
+                    model.set_decoder_loop(True, fuse=on)
+
+        return set_fused
     return lambda on: None  # int4: the arms are two decoders
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--switch", required=True, choices=["thread-rule", "decoder-loop", "kv-cache", "int4"])
+    parser.add_argument("--switch", required=True,
+                        choices=["thread-rule", "decoder-loop", "kv-cache", "fused-projections", "int4"])
     parser.add_argument("--linear-backend", default="int8", choices=["int8", "int4"],
                         help="the target's linears (not for --switch int4, whose arms are int4 and int8)")
     parser.add_argument("--prompts", type=int, default=10)
@@ -78,13 +90,14 @@ def main() -> None:
     parser.add_argument("--offset", type=int, default=20)
     parser.add_argument("--runs", nargs="+", default=["model", "hybrid"],
                         help="ar, or a drafter for sd (model, ngram, hybrid)")
+    parser.add_argument("--draft", default="llamacpp:default", help="the draft model (as `verispec bench --draft`)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None, help="results JSON (default results/SWITCH.json)")
     args = parser.parse_args()
     out_path = Path(args.out or f"results/{args.switch}.json")
     torch.set_num_threads(args.threads)
-    decoder = Decoder(None, "llamacpp:default", linear_backend="int8" if args.switch == "int4" else args.linear_backend)
-    decoders = {"on": Decoder(None, "llamacpp:default", linear_backend="int4"), "off": decoder} \
+    decoder = Decoder(None, args.draft, linear_backend="int8" if args.switch == "int4" else args.linear_backend)
+    decoders = {"on": Decoder(None, args.draft, linear_backend="int4"), "off": decoder} \
         if args.switch == "int4" else {"on": decoder, "off": decoder}
     prompts = load_prompts(args.source, category=args.category, limit=args.prompts, seed=0, offset=args.offset)
     for d in {id(d): d for d in decoders.values()}.values():  # load and warm up

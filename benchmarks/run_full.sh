@@ -21,6 +21,7 @@
 #                                                         HumanEval pass@1 by execution, speed on the int8 path
 #   int4-lossy-humaneval-T0 int4-lossy-humaneval-T1       the same with both models on the int4 backend
 #   int4-lookup-categories-T0 int4-lookup-categories-T1   the same on int4 with the Q4_0 draft, without hf-lookup
+#   int4-torch-draft-lookup-categories-T0                 the same with the torch draft (int4) and no llama.cpp
 #   lookup-categories-T0 lookup-categories-T1             prompt lookup (ngram), the hybrid and the model drafter on
 #                                                         Spec-Bench's summarization and RAG prompts, against ar,
 #                                                         transformers' prompt lookup and llama.cpp's plain decoding
@@ -197,12 +198,15 @@ lookup_run() {  # lookup_run TEMPERATURE UPTO [BACKEND DRAFT]: the drafters on t
   # target, draft in llama.cpp; transformers' prompt lookup on its own linears, as users run it). Seed-1 order: no
   # prompt of the SPRINTER verifiers' or the vocabulary ranking's development was chosen from it. transformers' prompt
   # lookup runs at T = 0 on int8 only: it takes 3.4x ar's time, half the run, and T = 0 already answers how the two
-  # compare. With BACKEND and DRAFT (a llamacpp: spec) the run is named after the backend.
-  local peers=(llamacpp-generate) backend=${3:-int8} draft=${4:-default} name="lookup-categories-T$1"
+  # compare. With BACKEND and DRAFT (a llamacpp: spec) the run is named after the backend; DRAFT "torch" runs the
+  # default draft on BACKEND and leaves llama.cpp out altogether (no `make peers` needed).
+  local peers=(llamacpp-generate) backend=${3:-int8} draft=${4:-default} name="lookup-categories-T$1" spec
+  spec="llamacpp:$draft"
   if [ "$1" = 0 ] && [ "$backend" = int8 ]; then peers+=(hf-lookup); fi
   [ "$backend" != int8 ] && name="$backend-$name"
+  if [ "$draft" = torch ]; then peers=() spec=default name="$backend-torch-draft-lookup-categories-T$1"; fi
   bench "$name" "$2" --prompts "$DEV" --category summarization rag --subset-seed 1 \
-    --temperature "$1" --linear-backend "$backend" --draft "llamacpp:$draft" --gamma 4 \
+    --temperature "$1" --linear-backend "$backend" --draft "$spec" --gamma 4 \
     --methods ar sd:gamma=4 sd:drafter=ngram sd:drafter=ngram,gamma=8 sd:drafter=hybrid "${peers[@]}"
 }
 
@@ -248,6 +252,7 @@ case "$RUN" in
   int4-multipath-T1.0) multipath_int4 1.0 "${2:-20}" ;;
   int4-lookup-categories-T0) lookup_run 0 "${2:-20}" int4 default-q4_0 ;;
   int4-lookup-categories-T1) lookup_run 1 "${2:-20}" int4 default-q4_0 ;;
+  int4-torch-draft-lookup-categories-T0) lookup_run 0 "${2:-20}" int4 torch ;;
   int4-lossy-humaneval-T1) lossy_run 1 "${2:-40}" int4 ;;
   lookup-categories-T0) lookup_run 0 "${2:-20}" ;;
   lookup-categories-T1) lookup_run 1 "${2:-20}" ;;

@@ -17,6 +17,7 @@ import torch
 
 from verispec.errors import ConfigError
 from verispec.models.int4 import use_int4_linears
+from verispec.models.prompt_linear import prompt_copy
 from verispec.models.quantized import reduce_range_needed, use_int8_linears
 
 LINEAR_BACKENDS = ("torch", "onednn", "int8", "int4")
@@ -27,7 +28,7 @@ KERNELS = {
     "onednn": "oneDNN, packed float weights",
     "int8": "int8 weights per channel (LM head included), per-token dynamic {bits} activations, fbgemm",
     "int4": "4-bit weights per 32 inputs in {int4} linears and int8 per row in {int8_rows} (verispec's kernel; "
-    "prompts over 64 tokens on an int8 copy), int8 per channel in {int8} (fbgemm), per-token dynamic {bits} "
+    "prompts over 64 tokens on {prompt}), int8 per channel in {int8} (fbgemm), per-token dynamic {bits} "
     "activations",
 }
 
@@ -104,10 +105,12 @@ def apply_linear_backend(model: Any, backend: str) -> str:
         if sum(counts.values()) > 0:
             applied = "int4"
     model.linear_backend = applied
+    if applied != "torch":
+        model.linears_changed()
     bits = "8-bit"
     if applied in ("int8", "int4") and reduce_range_needed():
         bits = "7-bit (this CPU's int8 kernel adds in int16)"
-    model.linear_kernel = KERNELS[applied].format(bits=bits, **counts)
+    model.linear_kernel = KERNELS[applied].format(bits=bits, prompt=prompt_copy(), **counts)
     if applied != backend:
         dtype = str(model.model.dtype).removeprefix("torch.")
         model.linear_kernel += f" ({backend} requested; not applicable to {dtype} weights on {model.device})"

@@ -61,17 +61,26 @@ class HFCausalLM(TreeCachedLM):
         self._dynamic_cache = lambda: DynamicCache(config=model.config)
         self.set_decoder_loop(lean)
 
-    def set_decoder_loop(self, lean: bool, in_place_cache: bool = True) -> None:
+    def set_decoder_loop(self, lean: bool, in_place_cache: bool = True, fuse: bool = True) -> None:
         """Run forwards on verispec's decoder loop (`lean`, where `lean_support` allows) or transformers' own;
         `decoder_loop` says which runs. The decoder loop keeps its KV cache in place (`InPlaceKVCache`) unless
-        `in_place_cache` is False (transformers' DynamicCache, as transformers' forward always does). Empties the
-        cache."""
+        `in_place_cache` is False (transformers' DynamicCache, as transformers' forward always does), and runs the
+        projections that share an input as one call where the linear backend allows, unless `fuse` is False.
+        Empties the cache."""
         reason = lean_support(self.model) if lean else "transformers' forward requested"
-        self._lean = LeanDecoder(self.model) if reason is None else None
+        self._lean = LeanDecoder(self.model, fuse) if reason is None else None
+        self._fuse = fuse
         self.decoder_loop = "verispec's decoder loop" if reason is None else f"transformers' forward ({reason})"
         layers = self.model.config.num_hidden_layers
         self._new_cache = (lambda: InPlaceKVCache(layers)) if self._lean is not None and in_place_cache \
             else self._dynamic_cache
+        self.reset()
+
+    def linears_changed(self) -> None:
+        """Rebuild the decoder loop over the model's current linears (after a fast path replaced them, so that it
+        can fuse the projections that share an input); empties the cache."""
+        if self._lean is not None:
+            self._lean = LeanDecoder(self.model, self._fuse)
         self.reset()
 
     @torch.inference_mode()

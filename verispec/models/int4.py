@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from verispec.errors import ConfigError
+from verispec.models.prompt_linear import Bf16Linear, prompt_copy, prompt_format, prompt_layer
 from verispec.models.quantized import QuantizedLinear, quantized_engine, replace_linears
 
 GROUP = 32  # inputs per scale and offset (llama.cpp's Q4_K sub-block)
@@ -32,7 +33,7 @@ ROWS = 16  # output rows per packed block (one AVX-512 vector)
 QUAD = 4  # blocks stored interleaved, group by group
 HUGE_PAGE = 2 << 20  # bytes; packed weights at least this large go to memory backed by huge pages
 ON_GRID = 0.99  # a layer goes to 4 bits when at least this share of its groups lies exactly on a 4-bit grid
-PROMPT_ROWS = 64  # forwards over more tokens than this (prompts) run a layer's int8 copy (see KernelLinear)
+PROMPT_ROWS = 64  # forwards over more tokens than this (prompts) run a layer's prompt copy (see KernelLinear)
 # Off-grid layers with at most this many weights run the kernel's 8-bit path, larger ones fbgemm's. Measured in the
 # default target's one-token forward: fbgemm spent ~0.3 ms per call on its 14 layers of 256 x 1536 (the kernel 0.06),
 # but read its 14 layers of 1536 x 8960 faster (12.6 ms against the kernel's 16.6) and its LM head at ~38 GB/s.
@@ -154,16 +155,16 @@ def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
 class KernelLinear:
     """What the kernel's layers share: the call, the prompt-size switch and the output's dtype and shape.
 
-    `prompt_linear`: the layer to run forwards of more than `PROMPT_ROWS` tokens instead (an int8 copy of the same
-    weights on fbgemm): on a prompt-sized batch the 4-bit kernel is compute-bound at about 1.7x fbgemm's time (its
-    per-group float scaling), while decode and verify passes are bound by the bytes read. Every method reads its
-    prompt in one such forward, so prompt positions are computed alike for all and greedy `sd` still reproduces
-    greedy `ar`.
+    `prompt_linear`: the layer to run forwards of more than `PROMPT_ROWS` tokens instead (a copy of the same weights
+    in int8 on fbgemm, or in bfloat16 on oneDNN where the CPU has AMX: `verispec.models.prompt_linear`): on a
+    prompt-sized batch the 4-bit kernel is compute-bound at about 1.7x fbgemm's time (its per-group float scaling),
+    while decode and verify passes are bound by the bytes read. Every method reads its prompt in one such forward,
+    so prompt positions are computed alike for all and greedy `sd` still reproduces greedy `ar`.
     """
 
     out_features: int
     in_features: int
-    prompt_linear: QuantizedLinear | None
+    prompt_linear: QuantizedLinear | Bf16Linear | None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward(x)
@@ -179,7 +180,10 @@ class KernelLinear:
         raise NotImplementedError
 
     def _prompts(self) -> str:
-        return f"; over {PROMPT_ROWS} tokens an int8 copy (fbgemm)" if self.prompt_linear is not None else ""
+        if self.prompt_linear is None:
+            return ""
+        copy = prompt_copy("bf16" if isinstance(self.prompt_linear, Bf16Linear) else "int8")
+        return f"; over {PROMPT_ROWS} tokens {copy}"
 
     def _isa(self) -> str:
         return "AVX-512 VNNI" if self.kernel.vnni() else "portable C++ (no AVX-512 VNNI here)"
@@ -195,7 +199,7 @@ class Int4Linear(KernelLinear):
     """y = x W^T + b with W in 4 bits per group of 32 (float16 scale and offset) and x in int8 per token."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bias: torch.Tensor | None,
-                 prompt_linear: QuantizedLinear | None = None) -> None:
+                 prompt_linear: QuantizedLinear | Bf16Linear | None = None) -> None:
         self.out_features, self.in_features = q.shape
         self.prompt_linear = prompt_linear
         _check_shape(self.out_features, self.in_features)
@@ -238,7 +242,7 @@ class Int8RowLinear(KernelLinear):
     the kernel's 8-bit path."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 prompt_linear: QuantizedLinear | None = None) -> None:
+                 prompt_linear: QuantizedLinear | Bf16Linear | None = None) -> None:
         self.out_features, self.in_features = weight.shape
         self.prompt_linear = prompt_linear
         _check_shape(self.out_features, self.in_features)
@@ -271,33 +275,54 @@ class Int8RowLinear(KernelLinear):
         return f"int8 weights per row, per-token dynamic 8-bit activations ({self._isa()}){self._prompts()}"
 
 
+class PromptSwitch(KernelLinear):
+    """A layer the kernel does not take (off the 4-bit grid and too large for its 8-bit path, or of another shape):
+    fbgemm's int8 linear in decode and verify passes, its bfloat16 copy for prompts."""
+
+    def __init__(self, decode: QuantizedLinear, prompt_linear: Bf16Linear) -> None:
+        self.out_features, self.in_features = decode.out_features, decode.in_features
+        self.decode, self.prompt_linear = decode, prompt_linear
+
+    def _run(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.decode(rows)
+
+    def describe(self) -> str:
+        """Return which kernel and number formats this layer runs."""
+        return self.decode.describe() + self._prompts()
+
+
 def fits_4bit(module: torch.nn.Linear) -> bool:
     """Return whether the kernel's shapes allow `module`: outputs a multiple of 64, inputs a multiple of 32."""
     return module.out_features % (QUAD * ROWS) == 0 and module.in_features % GROUP == 0
 
 
 @torch.no_grad()
-def use_int4_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = None) -> dict[str, int]:
+def use_int4_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = None,
+                     prompt: str = "auto") -> dict[str, int]:
     """Route every fp32/bf16 CPU nn.Linear of `model` through `Int4Linear` where its weights lie on a 4-bit grid
-    (at least `ON_GRID` of its groups), else through `Int8RowLinear` when it has at most `SMALL_INT8` weights (both
-    with an fbgemm int8 copy for prompt-sized forwards), else through fbgemm's `QuantizedLinear` alone (also where
-    the kernel's shapes do not fit); return how many went to each ("int4", "int8_rows", "int8": fbgemm).
+    (at least `ON_GRID` of its groups), else through `Int8RowLinear` when it has at most `SMALL_INT8` weights, else
+    through fbgemm's `QuantizedLinear` (also where the kernel's shapes do not fit); return how many went to each
+    ("int4", "int8_rows", "int8": fbgemm). Prompt-sized forwards run a copy of each layer but the LM head in
+    `prompt_format(prompt)` (fbgemm's int8 itself where that is int8).
 
     Placeholders and tied weights are handled as `use_int8_linears` does (the LM head gets its own copy)."""
     if quantized_engine() is None:
         return {"int4": 0, "int8_rows": 0, "int8": 0}
     extension()  # build before the minutes of packing, and fail early with a clear error
+    prompt_format(prompt)  # and a bad choice before them too
 
     def make(module: torch.nn.Linear) -> KernelLinear | QuantizedLinear:
-        if not fits_4bit(module):
-            return QuantizedLinear(module.weight, module.bias)
-        prompt_linear = QuantizedLinear(module.weight, module.bias)
-        q, scale, offset, share = grid_4bit(module.weight)
-        if share >= ON_GRID:
-            return Int4Linear(q, scale, offset, module.bias, prompt_linear=prompt_linear)
-        if module.weight.numel() <= SMALL_INT8:  # so at most 65,536 inputs: the 8-bit path sums in int32
-            return Int8RowLinear(module.weight, module.bias, prompt_linear=prompt_linear)
-        return prompt_linear
+        # The LM head reads one row per prompt (the last position's logits): its copy would never run.
+        prompt_linear = prompt_layer(module.weight, module.bias, prompt) if module is not lm_head else None
+        if fits_4bit(module):
+            q, scale, offset, share = grid_4bit(module.weight)
+            if share >= ON_GRID:
+                return Int4Linear(q, scale, offset, module.bias, prompt_linear=prompt_linear)
+            if module.weight.numel() <= SMALL_INT8:  # so at most 65,536 inputs: the 8-bit path sums in int32
+                return Int8RowLinear(module.weight, module.bias, prompt_linear=prompt_linear)
+        if isinstance(prompt_linear, Bf16Linear):
+            return PromptSwitch(QuantizedLinear(module.weight, module.bias), prompt_linear)
+        return prompt_linear or QuantizedLinear(module.weight, module.bias)  # fbgemm's int8 for every forward
 
     layers = replace_linears(model, make, lm_head)
     counts = {"int4": sum(isinstance(layer, Int4Linear) for layer in layers),

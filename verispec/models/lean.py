@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from verispec.models.fused import fused_projections
+
 # The model types whose layer structure this loop reproduces (checked against transformers 5's modeling files)
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 
@@ -50,9 +52,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class LeanDecoder:
     """Run a supported transformers CausalLM (see `lean_support`) over new tokens with a KV cache (`InPlaceKVCache`
-    or transformers' `DynamicCache`)."""
+    or transformers' `DynamicCache`). `fuse`: run the projections that share an input as one call where the linear
+    backend allows (`fused_projections`)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, fuse: bool = True) -> None:
         reason = lean_support(model)
         assert reason is None, f"LeanDecoder cannot run this model: {reason}"
         self.model = model
@@ -64,6 +67,12 @@ class LeanDecoder:
         self.kv_heads = config.num_key_value_heads
         self.head_dim = self.layers[0].self_attn.head_dim
         self.scale = self.layers[0].self_attn.scaling
+        # Per layer, the projections that read the same input, as one call each: on the int4 backend its 4-bit
+        # layers run as one kernel call (bit-identical; one activation quantization and thread pass instead of one
+        # per layer), on any other backend the modules one after another.
+        self.qkv = [fused_projections([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], fuse)
+                    for layer in self.layers]
+        self.gate_up = [fused_projections([layer.mlp.gate_proj, layer.mlp.up_proj], fuse) for layer in self.layers]
 
     def _norm(self, module: Any, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # one fused op, bit-identical to transformers' float32 RMSNorm (tested)
@@ -95,9 +104,10 @@ class LeanDecoder:
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = self._norm(layer.input_layernorm, x)
-            q = attn.q_proj.forward(h).view(1, length, self.heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj.forward(h).view(1, length, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = attn.v_proj.forward(h).view(1, length, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, k, v = self.qkv[index](h)
+            q = q.view(1, length, self.heads, self.head_dim).transpose(1, 2)
+            k = k.view(1, length, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = v.view(1, length, self.kv_heads, self.head_dim).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             k, v = cache.update(k, v, index)
@@ -105,8 +115,8 @@ class LeanDecoder:
                                                enable_gqa=self.heads != self.kv_heads)  # [1, heads, T, D]
             x = x + attn.o_proj.forward(o.transpose(1, 2).reshape(1, length, self.heads * self.head_dim))
             h = self._norm(layer.post_attention_layernorm, x)
-            mlp = layer.mlp
-            x = x + mlp.down_proj.forward(mlp.act_fn(mlp.gate_proj.forward(h)) * mlp.up_proj.forward(h))
+            gate, up = self.gate_up[index](h)
+            x = x + layer.mlp.down_proj.forward(layer.mlp.act_fn(gate) * up)
         hidden = self._norm(self.inner.norm, x[0, -n_logits:])  # [n, H]: only the rows whose logits are used
         logits = self.model.lm_head.forward(hidden)  # [n, V]
         return logits, (hidden if return_hidden else None)

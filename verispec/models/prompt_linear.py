@@ -1,0 +1,98 @@
+"""The layer that reads prompts on the int4 path: an int8 copy on fbgemm, or a bfloat16 copy on oneDNN where the CPU
+has AMX tiles.
+
+Why: a prompt-sized forward is bound by arithmetic, not by the bytes read, so it runs on a copy of the weights in
+whatever format this CPU multiplies fastest (the 4-bit kernel does float work per group of 32 inputs and is slower
+there). Without AMX that is fbgemm's int8 kernel (AVX-512 VNNI or AVX2). With AMX (Intel Xeon since Sapphire
+Rapids), oneDNN multiplies bfloat16 tiles several times faster than fbgemm's int8 (measured:
+`benchmarks/prompt_linears.py`), and the prompt round is a large share of a decode on long prompts. Every method
+reads its prompt in one such forward, so prompt positions are computed alike for all methods, and a row's outputs
+do not depend on the other rows (no activation scale is shared across the batch).
+
+Numerics: weights and activations rounded to bfloat16 (8 significant bits), products summed in float32, outputs
+rounded to bfloat16; the int8 copy rounds weights to 8 bits per channel and activations to 8 bits per token.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from verispec.errors import ConfigError
+from verispec.models.quantized import QuantizedLinear
+
+PACK_ROWS = 256  # the batch size oneDNN packs the bfloat16 weights for (a typical prompt)
+CHOICES = ("auto", "int8", "bf16")
+
+
+@functools.cache
+def amx_available() -> bool:
+    """Return whether this CPU has AMX tiles and torch's oneDNN can use them for bfloat16 linears."""
+    probe = getattr(getattr(torch._C, "_cpu", None), "_is_amx_tile_supported", None)
+    return bool(probe is not None and probe() and onednn_bf16())
+
+
+@functools.cache
+def onednn_bf16() -> bool:
+    """Return whether torch's oneDNN runs bfloat16 linears on this CPU (AVX-512 BF16 or AMX)."""
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+                and supported is not None and supported())
+
+
+def prompt_format(choice: str = "auto") -> str:
+    """Return the prompt copy's format for `choice`, "int8" or "bf16"; "auto" means bf16 on a CPU with AMX and int8
+    elsewhere."""
+    if choice not in CHOICES:
+        raise ConfigError(f"unknown prompt copy format {choice!r}; choose one of {', '.join(CHOICES)}")
+    if choice == "auto":
+        return "bf16" if amx_available() else "int8"
+    return choice
+
+
+def prompt_copy(choice: str = "auto") -> str:
+    """Return, in words, what reads prompts on the int4 path (for the outputs' kernel description)."""
+    if prompt_format(choice) == "bf16":
+        return "a bfloat16 copy (oneDNN" + (", AMX)" if amx_available() else ")")
+    return "an int8 copy (fbgemm)"
+
+
+class Bf16Linear:
+    """y = x W^T + b with W and x in bfloat16, summed in float32 by oneDNN (AMX tiles where the CPU has them)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.out_features, self.in_features = weight.shape
+        w = weight.detach().to(torch.bfloat16).contiguous()
+        # oneDNN's packed bfloat16 linear where this CPU has bfloat16 instructions; torch's own elsewhere (slow, same
+        # formats: for tests on such hosts)
+        self.onednn = onednn_bf16()
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) if self.onednn else w
+        self.bias = bias.detach().float() if bias is not None else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return x W^T + b for `x` of shape [..., in] in any float dtype (returned in x's)."""
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        if self.onednn:
+            y = torch.ops.mkldnn._linear_pointwise(rows, self.weight, None, "none", [], "").float()
+        else:
+            y = torch.nn.functional.linear(rows, self.weight).float()
+        if self.bias is not None:
+            y = y.add_(self.bias)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def describe(self) -> str:
+        """Return which kernel and number formats this layer runs."""
+        return "bfloat16 weights and activations, float32 sums (" + ("oneDNN" + (", AMX)" if amx_available() else ")")
+                                                                  if self.onednn else "torch)")
+
+
+def prompt_layer(weight: torch.Tensor, bias: torch.Tensor | None, choice: str = "auto"
+                 ) -> QuantizedLinear | Bf16Linear:
+    """Return the copy of a linear's weights that reads prompts, in `prompt_format(choice)`."""
+    if prompt_format(choice) == "bf16":
+        return Bf16Linear(weight, bias)
+    return QuantizedLinear(weight, bias)
