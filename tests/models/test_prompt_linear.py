@@ -14,6 +14,7 @@ from verispec.models.int4 import PROMPT_ROWS, Int4Linear, Int8RowLinear, PromptS
 from verispec.models.prompt_linear import Bf16Linear, prompt_copy, prompt_format, prompt_layer
 from verispec.models.quantized import QuantizedLinear, quantized_engine
 from verispec.models.tiny import tiny_qwen2
+from verispec.provenance import cpu_description
 
 pytestmark = pytest.mark.skipif(quantized_engine() is None, reason="this torch build has no fbgemm engine")
 
@@ -38,6 +39,12 @@ def test_a_row_of_the_bfloat16_copy_does_not_depend_on_the_other_rows():
     other = x.clone()
     other[5:] *= 50  # same batch size, much wider rows elsewhere: no shared activation scale to move row 0..4
     assert torch.equal(layer(x)[:5], layer(other)[:5])
+
+
+@pytest.mark.skipif(cpu_description()["cpu_features"] is None, reason="no /proc/cpuinfo to compare with")
+def test_amx_is_detected_as_the_cpu_reports_it():
+    flags = cpu_description()["cpu_features"]
+    assert prompt_linear.amx_available() == ("amx_tile" in flags and prompt_linear.onednn_bf16())
 
 
 def test_auto_takes_bfloat16_exactly_where_the_cpu_has_amx(monkeypatch):

@@ -29,7 +29,9 @@ CHOICES = ("auto", "int8", "bf16")
 @functools.cache
 def amx_available() -> bool:
     """Return whether this CPU has AMX tiles and torch's oneDNN can use them for bfloat16 linears."""
-    probe = getattr(getattr(torch._C, "_cpu", None), "_is_amx_tile_supported", None)
+    import torch.cpu  # not imported by `import torch` in every version
+
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
     return bool(probe is not None and probe() and onednn_bf16())
 
 
