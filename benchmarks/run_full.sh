@@ -34,6 +34,7 @@
 # progress; rerun with a larger UPTO to extend it. Each run's results are also kept, compressed and without the
 # prompts' text, in benchmarks/results/NAME.json.gz (committed; `verispec archive`), and a run resumes from there on
 # a machine that lacks results/full/NAME.json. On a 2-core CPU these runs take about 30 hours together.
+# TAG=WORD appends -WORD to the run's name: a fresh run (another machine, another commit) beside the archived one.
 #
 # Prompt sets. Evaluation prompts never overlap SPRINTER's training prompts: the verifiers are trained on the dev
 # split shuffled with seed 0, positions 0-31; the sd, multipath and fixed-blocks runs use positions 100+ of
@@ -51,8 +52,8 @@ mkdir -p "$OUT" results/sprinter
 RUN=${1:?usage: benchmarks/run_full.sh RUN [UPTO]}
 N=128
 
-bench() {  # bench NAME UPTO ARGS...: one resumable run into $OUT/NAME.json, with its report
-  local name=$1 upto=$2
+bench() {  # bench NAME UPTO ARGS...: one resumable run into $OUT/NAME.json (NAME-TAG with TAG), with its report
+  local name=$1${TAG:+-$TAG} upto=$2
   shift 2
   # $OUT is not committed and does not outlive the machine; the archive in $ARCHIVE (prompt texts left out) is.
   # Resume from the archive when the results file is not here; the bench rewrites the archive after every prompt
@@ -160,7 +161,7 @@ draft_bf16() {  # draft_bf16 SOURCE UPTO: the sd runs' prompts with the draft in
 }
 
 fixed_blocks() {  # fixed_blocks TEMPERATURE UPTO: exact E[τ] of every verifier on the same drafted blocks
-  local name="fixed-blocks-T$1"
+  local name="fixed-blocks-T$1${TAG:+-$TAG}"
   $V fixed-blocks --prompts "$DEV" --category "${SHORT[@]}" --subset-seed 0 --offset 100 --limit "$2" \
     --temperature "$1" --out "$OUT/$name.json"
   gzip -n -c "$OUT/$name.json" > "$ARCHIVE/$name.json.gz"  # -n: no timestamp, so the same results give the same bytes
@@ -190,6 +191,7 @@ lossy_run() {  # lossy_run TEMPERATURE UPTO [BACKEND]: the lossy rules at their 
     --stop-at-function-end --quality --compare-to sd:gamma=4 \
     --methods ar draft sd:gamma=4 sprinter sprinter:tau=0.5 typical:epsilon=0.09,delta=0.3 \
               typical:epsilon=0.03,delta=0.1 margin:delta=1 margin:delta=2 fly:entropy=0.1 "${fuzzy[@]}"
+  name="$name${TAG:+-$TAG}"
   $V pareto "$OUT/$name.json" --fronts "$OUT/$name"
   $V pareto "$OUT/$name.json" --x answer_speedup --fronts "$OUT/$name-per-answer"
 }

@@ -279,7 +279,6 @@ def _run_bench(
             peer_decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
                                    linear_backend=config.peer_linear_backend, draft_dtype=config.draft_dtype)
         check_held_out(decoder, config, prompts)
-        run["linear_kernels"] = decoder.linear_kernels()  # which kernels and weight types ran, per model
         if config.warmup_tokens:
             for method in config.methods:
                 decode_one(decoder, config, method, prompts[todo[0]], todo[0], config.warmup_tokens, peer_decoder,
@@ -321,6 +320,8 @@ def _run_bench(
                             {index: execution_problem(prompt)})
         records.extend(batch)
         run["prompts"].append(index)
+        # which kernels and weight types ran, per model: models load on first use, so read after the decodes
+        run["linear_kernels"] = decoder.linear_kernels()
         save(result())
     bar.close()
     final = result()
