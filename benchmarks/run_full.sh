@@ -28,6 +28,7 @@
 #   int4-draft-vocab-humaneval-T0 int4-draft-vocab-mt-bench-T0
 #                                                         sd with the reduced draft head (16k, 8k tokens + the
 #                                                         context's) against the full head, both models on int4
+#   onednn-draft-vocab-humaneval-T0                       the same (16k) on the float32 default path
 #   profile                                               the cost model's hardware profiles (oneDNN and torch linears)
 # UPTO runs that many prompts in all (default: the full size). Every bench run writes its results after each prompt
 # and resumes with `--resume`, so a run can stop (or be killed) and go on later, losing at most the prompt in
@@ -212,10 +213,13 @@ lookup_run() {  # lookup_run TEMPERATURE UPTO [BACKEND DRAFT]: the drafters on t
     --methods ar sd:gamma=4 sd:drafter=ngram sd:drafter=ngram,gamma=8 sd:drafter=hybrid "${peers[@]}"
 }
 
-draft_vocab_run() {  # draft_vocab_run SOURCE UPTO: the reduced draft head against the full one, T = 0, int4 path.
+draft_vocab_run() {  # draft_vocab_run SOURCE UPTO [BACKEND]: the reduced draft head against the full one, T = 0, int4
+  # path (or BACKEND: onednn is the float32 default path, where the head is a larger share of the draft; 16k only).
   # MT-Bench and HumanEval: the ranking's mix of code and prose was chosen on Spec-Bench dev prompts, not on these.
-  bench "int4-draft-vocab-$1-T0" "$2" --prompts "$1" --subset-seed 0 --temperature 0 --linear-backend int4 \
-    --compare-to sd:gamma=4 --methods ar sd:gamma=4 sd:gamma=4,draft_vocab=16384 sd:gamma=4,draft_vocab=8192
+  local backend=${3:-int4} heads=(sd:gamma=4,draft_vocab=16384 sd:gamma=4,draft_vocab=8192)
+  [ "$backend" != int4 ] && heads=(sd:gamma=4,draft_vocab=16384)
+  bench "$backend-draft-vocab-$1-T0" "$2" --prompts "$1" --subset-seed 0 --temperature 0 --linear-backend "$backend" \
+    --compare-to sd:gamma=4 --methods ar sd:gamma=4 "${heads[@]}"
 }
 
 profiles() {  # the cost model's profiles: verispec's oneDNN linears, and transformers' own linears for the peers
@@ -260,6 +264,7 @@ case "$RUN" in
   lookup-categories-T1) lookup_run 1 "${2:-20}" ;;
   int4-draft-vocab-humaneval-T0) draft_vocab_run humaneval "${2:-10}" ;;
   int4-draft-vocab-mt-bench-T0) draft_vocab_run mt-bench "${2:-10}" ;;
+  onednn-draft-vocab-humaneval-T0) draft_vocab_run humaneval "${2:-10}" onednn ;;
   profile) profiles ;;
   *) echo "unknown run: $RUN" >&2; exit 2 ;;
 esac
