@@ -21,6 +21,7 @@ from verispec.models.int4 import (
     PROMPT_ROWS,
     Int4Linear,
     Int8RowLinear,
+    PromptSwitch,
     extension,
     grid_4bit,
     use_int4_linears,
@@ -158,6 +159,11 @@ def grid_model(seed: int = 1) -> HFCausalLM:
     return wrapped
 
 
+def on_fbgemm(layer: object) -> bool:
+    """Whether `layer` runs fbgemm's int8 linear in decode passes: alone, or with a bfloat16 copy for prompts (AMX)."""
+    return type(layer) is QuantizedLinear or (isinstance(layer, PromptSwitch) and type(layer.decode) is QuantizedLinear)
+
+
 def test_layers_on_a_grid_go_to_4_bits_and_the_others_to_int8():
     tokenizer = tiny_tokenizer()
     model = tiny_qwen2(len(tokenizer), seed=1, hidden=64, dtype=torch.float32)
@@ -173,7 +179,7 @@ def test_layers_on_a_grid_go_to_4_bits_and_the_others_to_int8():
     attention = [m for n, m in model.named_modules() if ".self_attn." in n and isinstance(m, torch.nn.Linear)]
     fitting = [m for m in attention if m.out_features % 64 == 0]  # the kernel's shapes (k, v: 32 outputs here)
     assert fitting and all(isinstance(m.quantized, Int8RowLinear) for m in fitting)  # off the grid, small
-    assert all(type(m.quantized) is QuantizedLinear for m in attention if m not in fitting)
+    assert all(on_fbgemm(m.quantized) for m in attention if m not in fitting)
     assert counts["int4"] + counts["int8_rows"] + counts["int8"] == len(mlp) + len(attention) + 1
 
 
@@ -183,7 +189,7 @@ def test_off_grid_layers_above_the_small_size_go_to_fbgemm(monkeypatch):
     monkeypatch.setattr(int4, "SMALL_INT8", 64 * 64 - 1)  # the 64 x 64 attention projections are now "large"
     counts = use_int4_linears(model, lm_head=model.get_output_embeddings())
     q_proj = model.model.layers[0].self_attn.q_proj
-    assert type(q_proj.quantized) is QuantizedLinear and counts["int8"] > 0
+    assert on_fbgemm(q_proj.quantized) and counts["int8"] > 0
 
 
 def test_a_prefix_logits_do_not_depend_on_later_tokens_in_the_batch():
