@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verispec.errors import ModelFilesError
+from verispec.models.cache import cache_dir
 from verispec.models.manifest import (
     cache_lock,
     check_folder,
@@ -64,14 +65,6 @@ DRAFT = EmbeddedModel(
 )
 
 DEFAULT_PAIR = {"target": TARGET, "draft": DRAFT}
-
-
-def cache_dir() -> Path:
-    """Return verispec's cache directory: $VERISPEC_CACHE, else $XDG_CACHE_HOME/verispec, else ~/.cache/verispec."""
-    if os.environ.get("VERISPEC_CACHE"):
-        return Path(os.environ["VERISPEC_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "verispec"
 
 
 def part_paths(model: EmbeddedModel) -> list[Path]:

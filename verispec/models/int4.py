@@ -47,7 +47,7 @@ def extension(portable: bool = False) -> Any:
     CPU (`-march=native`), or `portable` (x86-64-v2: the C++ path without AVX-512, to test that it agrees)."""
     from torch.utils import cpp_extension  # imported here: it pulls in the compiler tooling
 
-    from verispec.models.default_pair import cache_dir
+    from verispec.models.cache import cache_dir
 
     arch = "x86-64-v2" if portable else "native"
     tag = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + arch.encode()).hexdigest()[:12]
