@@ -28,7 +28,8 @@
 #   int4-draft-vocab-humaneval-T0 int4-draft-vocab-mt-bench-T0
 #                                                         sd with the reduced draft head (16k, 8k tokens + the
 #                                                         context's) against the full head, both models on int4
-#   onednn-draft-vocab-humaneval-T0                       the same (16k) on the float32 default path
+#   onednn-draft-vocab-humaneval-T0 onednn-draft-vocab-mt-bench-T0
+#                                                         the same (16k) on the float32 default path
 #   profile                                               the cost model's hardware profiles (oneDNN and torch linears)
 # UPTO runs that many prompts in all (default: the full size). Every bench run writes its results after each prompt
 # and resumes with `--resume`, so a run can stop (or be killed) and go on later, losing at most the prompt in
@@ -265,6 +266,7 @@ case "$RUN" in
   int4-draft-vocab-humaneval-T0) draft_vocab_run humaneval "${2:-10}" ;;
   int4-draft-vocab-mt-bench-T0) draft_vocab_run mt-bench "${2:-10}" ;;
   onednn-draft-vocab-humaneval-T0) draft_vocab_run humaneval "${2:-10}" onednn ;;
+  onednn-draft-vocab-mt-bench-T0) draft_vocab_run mt-bench "${2:-10}" onednn ;;
   profile) profiles ;;
   *) echo "unknown run: $RUN" >&2; exit 2 ;;
 esac
