@@ -131,6 +131,18 @@ def test_the_portable_path_returns_the_same_bits():
     assert torch.equal(portable.linear(x, layer.packed, layer.bias), layer(x))
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_kernel_runs_on_torchs_threads(threads):
+    """The kernel's loops are OpenMP regions of torch's own runtime: as many threads as torch.set_num_threads gives
+    (a build without -fopenmp ran them on one thread whatever the setting, at half the speed on 2 cores)."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        assert extension().parallel_threads() == torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_bfloat16_inputs_come_back_in_bfloat16():
     layer = layer_for(planted_grid(64, 32, seed=7))
     x = torch.randn(2, 3, 32, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
@@ -183,10 +195,10 @@ def test_layers_on_a_grid_go_to_4_bits_and_the_others_to_int8():
     assert counts["int4"] + counts["int8_rows"] + counts["int8"] == len(mlp) + len(attention) + 1
 
 
-def test_off_grid_layers_above_the_small_size_go_to_fbgemm(monkeypatch):
+def test_off_grid_layers_too_wide_for_the_8_bit_path_go_to_fbgemm(monkeypatch):
     tokenizer = tiny_tokenizer()
     model = tiny_qwen2(len(tokenizer), seed=1, hidden=64, dtype=torch.float32)
-    monkeypatch.setattr(int4, "SMALL_INT8", 64 * 64 - 1)  # the 64 x 64 attention projections are now "large"
+    monkeypatch.setattr(int4, "MAX_INT8_INPUTS", 63)  # the attention projections' 64 inputs are now too many
     counts = use_int4_linears(model, lm_head=model.get_output_embeddings())
     q_proj = model.model.layers[0].self_attn.q_proj
     assert on_fbgemm(q_proj.quantized) and counts["int8"] > 0

@@ -6,9 +6,10 @@ that are exactly `scale * q + offset` with q in 0..15 for every group of 32 inpu
 Those layers are repacked without rounding (`grid_4bit` recovers q, scale and offset; scale and offset are stored in
 float16) and run by verispec's own kernel (verispec/native/int4_linear.cpp: AVX-512 VNNI, activations quantized to
 int8 per token, a forward over a few tokens costing little more than one). Layers whose weights are on no 4-bit
-grid (the GGUF's 6-bit layers, any float model) go to int8: the small ones run the same kernel's 8-bit path in
-decode and verify passes (`Int8RowLinear`: fbgemm's dynamic linear pays a fixed cost per call that made a 256 x 1536
-layer take several times its 4-bit neighbour's time), the large ones and every prompt fbgemm (`SMALL_INT8`).
+grid (the GGUF's 6-bit layers, the LM head, any float model) go to int8 on the same kernel's 8-bit path in decode
+and verify passes (`Int8RowLinear`; measured on 2 threads it read a 1536 x 8960 layer 1.4x and the 151,936 x 1536
+LM head 1.2x faster than fbgemm's dynamic linear, which also pays a fixed cost per call that made a 256 x 1536 layer
+take several times its 4-bit neighbour's time); fbgemm keeps only layers the kernel's shapes do not fit.
 
 Causality: activations get one scale per token and the kernel's sums run in a fixed order, so every row's outputs
 are bit-identical alone or inside any batch (tested).
@@ -34,10 +35,8 @@ QUAD = 4  # blocks stored interleaved, group by group
 HUGE_PAGE = 2 << 20  # bytes; packed weights at least this large go to memory backed by huge pages
 ON_GRID = 0.99  # a layer goes to 4 bits when at least this share of its groups lies exactly on a 4-bit grid
 PROMPT_ROWS = 64  # forwards over more tokens than this (prompts) run a layer's prompt copy (see KernelLinear)
-# Off-grid layers with at most this many weights run the kernel's 8-bit path, larger ones fbgemm's. Measured in the
-# default target's one-token forward: fbgemm spent ~0.3 ms per call on its 14 layers of 256 x 1536 (the kernel 0.06),
-# but read its 14 layers of 1536 x 8960 faster (12.6 ms against the kernel's 16.6) and its LM head at ~38 GB/s.
-SMALL_INT8 = 1 << 22
+# Off-grid layers with at most this many inputs run the kernel's 8-bit path (it sums in int32), wider ones fbgemm's.
+MAX_INT8_INPUTS = 1 << 16
 SOURCE = Path(__file__).resolve().parent.parent / "native" / "int4_linear.cpp"
 
 
@@ -50,13 +49,17 @@ def extension(portable: bool = False) -> Any:
     from verispec.models.cache import cache_dir
 
     arch = "x86-64-v2" if portable else "native"
-    tag = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + arch.encode()).hexdigest()[:12]
+    # -fopenmp: at::parallel_for is inline, so without it the kernel's loops ran on one thread whatever torch's
+    # setting (measured: 1.9x slower per layer on 2 cores). No -fopenmp at link time: the OpenMP calls resolve to
+    # the runtime torch itself loads, so torch.set_num_threads governs the kernel and no second pool spins.
+    flags = ["-O3", f"-march={arch}", "-fopenmp"]
+    tag = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:12]
     build = cache_dir() / "native" / f"int4-{tag}"
     build.mkdir(parents=True, exist_ok=True)
     try:
         return cpp_extension.load(
             name="verispec_int4_portable" if portable else "verispec_int4", sources=[str(SOURCE)],
-            build_directory=str(build), extra_cflags=["-O3", f"-march={arch}"], verbose=False,
+            build_directory=str(build), extra_cflags=flags, verbose=False,
         )
     except (RuntimeError, OSError, ImportError) as e:
         lines = str(e).splitlines()
@@ -300,8 +303,8 @@ def fits_4bit(module: torch.nn.Linear) -> bool:
 def use_int4_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = None,
                      prompt: str = "auto") -> dict[str, int]:
     """Route every fp32/bf16 CPU nn.Linear of `model` through `Int4Linear` where its weights lie on a 4-bit grid
-    (at least `ON_GRID` of its groups), else through `Int8RowLinear` when it has at most `SMALL_INT8` weights, else
-    through fbgemm's `QuantizedLinear` (also where the kernel's shapes do not fit); return how many went to each
+    (at least `ON_GRID` of its groups), else through `Int8RowLinear` when it has at most `MAX_INT8_INPUTS` inputs,
+    else through fbgemm's `QuantizedLinear` (also where the kernel's shapes do not fit); return how many went to each
     ("int4", "int8_rows", "int8": fbgemm). Prompt-sized forwards run a copy of each layer but the LM head in
     `prompt_format(prompt)` (fbgemm's int8 itself where that is int8).
 
@@ -318,7 +321,7 @@ def use_int4_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = N
             q, scale, offset, share = grid_4bit(module.weight)
             if share >= ON_GRID:
                 return Int4Linear(q, scale, offset, module.bias, prompt_linear=prompt_linear)
-            if module.weight.numel() <= SMALL_INT8:  # so at most 65,536 inputs: the 8-bit path sums in int32
+            if module.in_features <= MAX_INT8_INPUTS:
                 return Int8RowLinear(module.weight, module.bias, prompt_linear=prompt_linear)
         if isinstance(prompt_linear, Bf16Linear):
             return PromptSwitch(QuantizedLinear(module.weight, module.bias), prompt_linear)

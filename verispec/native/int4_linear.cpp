@@ -24,6 +24,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -348,8 +349,23 @@ torch::Tensor linear8(const torch::Tensor& x, const torch::Tensor& packed, const
 
 bool vnni() { return VERISPEC_VNNI; }
 
+// The most threads one at::parallel_for region of this build ran on: torch's thread count when the file is compiled
+// with OpenMP (-fopenmp; the runtime is torch's own), 1 when it is not, whatever torch's setting (its parallel
+// regions would then run on the calling thread alone).
+int64_t parallel_threads() {
+  std::atomic<int64_t> most{0};
+  at::parallel_for(0, 4096, 1, [&](int64_t, int64_t) {
+    const int64_t mine = at::get_thread_num() + 1;
+    int64_t seen = most.load();
+    while (seen < mine && !most.compare_exchange_weak(seen, mine)) {
+    }
+  });
+  return most.load();
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "4-bit-weight, per-token int8-activation linear");
   m.def("linear8", &linear8, "int8-weight (per-row scale), per-token int8-activation linear");
   m.def("vnni", &vnni, "whether this build uses AVX-512 VNNI");
+  m.def("parallel_threads", &parallel_threads, "the most threads one parallel region of this build ran on");
 }
