@@ -17,6 +17,7 @@
 #   int4-llamacpp-draft-dev-T0 int4-llamacpp-draft-humaneval-T1 int4-llamacpp-draft-dev-T1
 #   int4-q4_0-draft-humaneval-T0 int4-q4_0-draft-dev-T0   the same with the draft requantised to Q4_0
 #   int4-q4_0-draft-humaneval-T1 int4-q4_0-draft-dev-T1   (llamacpp:default-q4_0, written by `make peers`)
+#   int4-torch-draft-humaneval-T0 int4-torch-draft-dev-T0 the same with the draft in torch on the int4 backend
 #   lossy-humaneval-T0 lossy-humaneval-T1                 the lossy rules and SPRINTER against ar, sd and draft:
 #                                                         HumanEval pass@1 by execution, speed on the int8 path
 #   int4-lossy-humaneval-T0 int4-lossy-humaneval-T1       the same with both models on the int4 backend
@@ -170,12 +171,14 @@ fixed_blocks() {  # fixed_blocks TEMPERATURE UPTO: exact E[τ] of every verifier
 }
 
 llamacpp_run() {  # llamacpp_run SOURCE TEMPERATURE UPTO [BACKEND [DRAFT]]: verispec (int8 target, or BACKEND,
-  # draft in llama.cpp: the shipped GGUF, or DRAFT) against llama.cpp
-  local backend="${4:-int8}" draft="${5:-default}" name="llamacpp-draft-$1-T$2"
+  # draft in llama.cpp: the shipped GGUF, or DRAFT; DRAFT=torch: the draft in torch on BACKEND) against llama.cpp
+  local backend="${4:-int8}" draft="${5:-default}" name="llamacpp-draft-$1-T$2" spec
   [ "$draft" != default ] && name="${draft#default-}-draft-$1-T$2"
   [ "$backend" != int8 ] && name="$backend-$name"
+  spec="llamacpp:$draft"
+  [ "$draft" = torch ] && spec=default
   sd_prompts "$1"
-  bench "$name" "$3" "${PROMPTS[@]}" --temperature "$2" --linear-backend "$backend" --draft "llamacpp:$draft" \
+  bench "$name" "$3" "${PROMPTS[@]}" --temperature "$2" --linear-backend "$backend" --draft "$spec" \
     --methods ar sd:gamma=4 sd:drafter=hybrid llamacpp-generate llamacpp-speculative --gamma 4 \
     --compare-to llamacpp-generate
 }
@@ -253,6 +256,8 @@ case "$RUN" in
   int4-q4_0-draft-dev-T0) llamacpp_run dev 0 "${2:-20}" int4 default-q4_0 ;;
   int4-q4_0-draft-humaneval-T1) llamacpp_run humaneval 1 "${2:-20}" int4 default-q4_0 ;;
   int4-q4_0-draft-dev-T1) llamacpp_run dev 1 "${2:-20}" int4 default-q4_0 ;;
+  int4-torch-draft-humaneval-T0) llamacpp_run humaneval 0 "${2:-20}" int4 torch ;;
+  int4-torch-draft-dev-T0) llamacpp_run dev 0 "${2:-20}" int4 torch ;;
   lossy-humaneval-T0) lossy_run 0 "${2:-40}" ;;
   lossy-humaneval-T1) lossy_run 1 "${2:-40}" ;;
   int4-lossy-humaneval-T0) lossy_run 0 "${2:-40}" int4 ;;
