@@ -252,6 +252,15 @@ def tree_pass(decoder: CausalLM, tokens: list[int], block: DraftBlock) -> tuple[
     base = len(tokens)
     tree = merge_paths(block.tokens)
     new = tokens[decoder.cache_length :]
+    prompt_rows = getattr(decoder, "prompt_rows", None)
+    if prompt_rows is not None and len(new) > 1 and tree.tokens and len(new) + len(tree.tokens) > prompt_rows:
+        # This decoder runs forwards over more than `prompt_rows` tokens on other kernels than decode passes (the
+        # int4 path's prompt copies): read the committed tokens alone, as `ar` reads its prompt, so that the block's
+        # positions (and the cache entries kept from them) come from the kernels `ar` computes them with.
+        root = decoder.forward(new, n_logits=1).logits
+        parents = None if tree.is_chain else [base - 1 if parent < 0 else base + parent for parent in tree.parents]
+        nodes = decoder.forward(tree.tokens, n_logits=len(tree.tokens), parents=parents).logits
+        return torch.cat([root, nodes]), tree, len(new) + len(tree.tokens)
     parents = None
     if not tree.is_chain:
         parents = list(range(base - len(new) - 1, base - 1))  # the committed tokens continue the chain

@@ -7,12 +7,13 @@ The first use builds the kernel (about 40 s with g++; cached per source and torc
 from __future__ import annotations
 
 import platform
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from tests.models.test_hf_adapter import fresh_logits
-from verispec.engine import DecodeConfig, Engine
+from verispec.engine import DecodeConfig, Engine, path_rows, tree_pass
 from verispec.models import int4
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.hf import HFCausalLM
@@ -239,6 +240,25 @@ def test_on_4bit_weights_the_backend_is_nearer_the_float_model_than_int8_and_say
     err_int8 = (fresh_logits(int8, [3, 4, 5], 3) - exact).abs().max()
     assert err_int4 < err_int8 and err_int4 < 0.05 * exact.abs().max()  # measured: 0.039 and 0.058 of the max
     assert model.linear_backend == "int4" and "4-bit weights per 32 inputs in 10 linears" in model.linear_kernel
+
+
+@pytest.mark.parametrize("paths", [[[7, 8, 9, 10]], [[7, 8, 9, 10], [7, 11, 12, 13], [14, 15, 16, 17]]])
+def test_a_block_drafted_on_a_prompt_is_scored_as_ar_would_score_it(paths):
+    """A prompt-sized first round (prompt + block over `PROMPT_ROWS` tokens) reads the prompt apart, so the block's
+    positions run the decode kernels, as `ar` computes them token by token: a block scored in one forward with the
+    prompt ran the prompt copy, whose logits differ by far more than attention's order (so greedy `sd` parted
+    from `ar` on long prompts)."""
+    model = grid_model()
+    assert model.prompt_rows == PROMPT_ROWS
+    prompt = [3 + (7 * i) % 37 for i in range(PROMPT_ROWS + 8)]
+    model.reset()
+    logits, tree, fed = tree_pass(model, prompt, SimpleNamespace(tokens=paths))
+    assert fed == len(prompt) + len(tree.tokens)
+    scored = path_rows(logits, tree)
+    for k, path in enumerate(paths):
+        model.reset()
+        expected = [model.forward(prompt).logits[0]] + [model.forward([token]).logits[0] for token in path]
+        assert (scored[k] - torch.stack(expected)).abs().max().item() <= 1e-5  # attention's order, as above
 
 
 @pytest.mark.parametrize(("method", "paths"), [("sd", 1), ("gbv", 3)])

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from verispec.errors import ConfigError
-from verispec.models.int4 import use_int4_linears
+from verispec.models.int4 import PROMPT_ROWS, use_int4_linears
 from verispec.models.prompt_linear import prompt_copy
 from verispec.models.quantized import reduce_range_needed, use_int8_linears
 
@@ -105,6 +105,7 @@ def apply_linear_backend(model: Any, backend: str) -> str:
         if sum(counts.values()) > 0:
             applied = "int4"
     model.linear_backend = applied
+    model.prompt_rows = PROMPT_ROWS if applied == "int4" else None
     if applied != "torch":
         model.linears_changed()
     bits = "8-bit"

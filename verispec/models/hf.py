@@ -49,6 +49,9 @@ class HFCausalLM(TreeCachedLM):
         self.tokenizer = tokenizer
         # Set by verispec.models.fastpath.apply_linear_backend when a CPU fast path is applied.
         self.linear_backend = "torch"
+        # Forwards over more than this many tokens run other kernels than decode passes (the int4 path's prompt
+        # copies), so the engine reads a prompt apart from a block drafted on top of it; None: the same kernels.
+        self.prompt_rows: int | None = None
         self.linear_kernel = "transformers' own linears (float weights)"
         self.name = name or getattr(model.config, "name_or_path", None) or type(model).__name__
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
