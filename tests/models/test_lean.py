@@ -42,6 +42,9 @@ def pair(kind: str, dtype: torch.dtype, backend: str = "torch") -> tuple[HFCausa
     lean, plain = HFCausalLM(model, tokenizer), HFCausalLM(model, tokenizer, lean=False)
     if backend != "torch":
         assert apply_linear_backend(lean, backend) == backend  # packs the shared modules once
+        # torch's attention, as transformers' forward runs it (the per-query kernel: test_query_attention.py)
+        lean.per_query_attention = False
+        lean.linears_changed()
         plain.linear_backend = backend
     assert lean.decoder_loop == "verispec's decoder loop", lean.decoder_loop
     assert plain.decoder_loop.startswith("transformers' forward")

@@ -105,7 +105,12 @@ def apply_linear_backend(model: Any, backend: str) -> str:
         if sum(counts.values()) > 0:
             applied = "int4"
     model.linear_backend = applied
-    model.prompt_rows = PROMPT_ROWS if applied == "int4" else None
+    # Linears that compute every token on its own: decode and verify passes also attend one query at a time
+    # (verispec.models.query_attention), so a drafted block gets exactly the logits one-token forwards give it;
+    # forwards over more than PROMPT_ROWS tokens (prompts) run other kernels, so the engine reads prompts apart.
+    row_exact = applied in ("int4", "int8")
+    model.per_query_attention = row_exact
+    model.prompt_rows = PROMPT_ROWS if row_exact else None
     if applied != "torch":
         model.linears_changed()
     bits = "8-bit"

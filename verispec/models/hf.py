@@ -16,6 +16,7 @@ from verispec.models.kv_cache import InPlaceKVCache
 from verispec.models.lean import LeanDecoder, lean_support
 from verispec.models.manifest import safetensors_problem
 from verispec.models.protocol import ForwardOutput, TreeCachedLM
+from verispec.models.query_attention import query_attention_support
 from verispec.models.reduced_head import ReducedHead
 from verispec.models.tree import CacheTree
 
@@ -52,6 +53,9 @@ class HFCausalLM(TreeCachedLM):
         # Forwards over more than this many tokens run other kernels than decode passes (the int4 path's prompt
         # copies), so the engine reads a prompt apart from a block drafted on top of it; None: the same kernels.
         self.prompt_rows: int | None = None
+        # Set by the fast paths whose linears compute every token on its own (int4, int8): attend one query at a
+        # time in forwards over at most `prompt_rows` tokens, so a block's logits equal one-token forwards'.
+        self.per_query_attention = False
         self.linear_kernel = "transformers' own linears (float weights)"
         self.name = name or getattr(model.config, "name_or_path", None) or type(model).__name__
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
@@ -71,9 +75,12 @@ class HFCausalLM(TreeCachedLM):
         projections that share an input as one call where the linear backend allows, unless `fuse` is False.
         Empties the cache."""
         reason = lean_support(self.model) if lean else "transformers' forward requested"
-        self._lean = LeanDecoder(self.model, fuse) if reason is None else None
-        self._fuse = fuse
+        self._fuse, self._loop_request = fuse, (lean, in_place_cache, fuse)
+        self._lean = self._lean_decoder() if reason is None else None
         self.decoder_loop = "verispec's decoder loop" if reason is None else f"transformers' forward ({reason})"
+        if self._lean is not None and self.per_query_attention:
+            self.decoder_loop += (", attention one query at a time" if self._lean.query_kernel is not None
+                                  else f", torch's attention ({query_attention_support(self.model)})")
         layers = self.model.config.num_hidden_layers
         self._new_cache = (lambda: InPlaceKVCache(layers)) if self._lean is not None and in_place_cache \
             else self._dynamic_cache
@@ -82,9 +89,12 @@ class HFCausalLM(TreeCachedLM):
     def linears_changed(self) -> None:
         """Rebuild the decoder loop over the model's current linears (after a fast path replaced them, so that it
         can fuse the projections that share an input); empties the cache."""
-        if self._lean is not None:
-            self._lean = LeanDecoder(self.model, self._fuse)
-        self.reset()
+        self.set_decoder_loop(*self._loop_request)
+
+    def _lean_decoder(self) -> LeanDecoder:
+        per_query = self.per_query_attention and self.prompt_rows is not None \
+            and query_attention_support(self.model) is None
+        return LeanDecoder(self.model, self._fuse, self.prompt_rows if per_query else None)
 
     @torch.inference_mode()
     def _run(self, tokens: Sequence[int], n_logits: int, return_hidden: bool,

@@ -17,17 +17,15 @@ are bit-identical alone or inside any batch (tested).
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import mmap
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from verispec.errors import ConfigError
 from verispec.models.prompt_linear import Bf16Linear, prompt_copy, prompt_format, prompt_layer
 from verispec.models.quantized import QuantizedLinear, quantized_engine, replace_linears
+from verispec.native.build import load_native
 
 GROUP = 32  # inputs per scale and offset (llama.cpp's Q4_K sub-block)
 ROWS = 16  # output rows per packed block (one AVX-512 vector)
@@ -40,35 +38,10 @@ MAX_INT8_INPUTS = 1 << 16
 SOURCE = Path(__file__).resolve().parent.parent / "native" / "int4_linear.cpp"
 
 
-@functools.cache
 def extension(portable: bool = False) -> Any:
     """Build (once per machine and source, cached) and return the 4-bit linear kernel's extension module: for this
     CPU (`-march=native`), or `portable` (x86-64-v2: the C++ path without AVX-512, to test that it agrees)."""
-    from torch.utils import cpp_extension  # imported here: it pulls in the compiler tooling
-
-    from verispec.models.cache import cache_dir
-
-    arch = "x86-64-v2" if portable else "native"
-    # -fopenmp: at::parallel_for is inline, so without it the kernel's loops ran on one thread whatever torch's
-    # setting (measured: 1.9x slower per layer on 2 cores). No -fopenmp at link time: the OpenMP calls resolve to
-    # the runtime torch itself loads, so torch.set_num_threads governs the kernel and no second pool spins.
-    flags = ["-O3", f"-march={arch}", "-fopenmp"]
-    tag = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:12]
-    build = cache_dir() / "native" / f"int4-{tag}"
-    build.mkdir(parents=True, exist_ok=True)
-    try:
-        return cpp_extension.load(
-            name="verispec_int4_portable" if portable else "verispec_int4", sources=[str(SOURCE)],
-            build_directory=str(build), extra_cflags=flags, verbose=False,
-        )
-    except (RuntimeError, OSError, ImportError) as e:
-        lines = str(e).splitlines()
-        reason = next((line for line in lines if "error" in line.lower()), lines[-1] if lines else repr(e))
-        raise ConfigError(
-            f"the int4 linear backend needs a C++ compiler (g++) and ninja to build its kernel once "
-            f"({SOURCE.name} into {build}); the build failed: {reason.strip()} "
-            "Use --linear-backend int8 instead."
-        ) from e
+    return load_native(SOURCE, "int4", portable, instead="Use --linear-backend int8 instead.")
 
 
 def grid_4bit(weight: torch.Tensor, rel_tol: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:

@@ -5,7 +5,8 @@ Why: on a CPU a one-token forward of the 1.5B target on the int8 path spends abo
 linears, mostly in transformers' generic machinery (mask building, per-module hooks and keyword plumbing, output
 records), and a speculative decode runs thousands of such forwards. This loop calls the model's own submodules
 (embedding, norms, projections, rotary embedding, LM head) in transformers' order and attends with one
-`scaled_dot_product_attention` call per layer; it writes the KV cache in place (`verispec.models.kv_cache`;
+`scaled_dot_product_attention` call per layer (or, on the int4 and int8 paths, verispec's kernel that attends one
+query at a time: `verispec.models.query_attention`); it writes the KV cache in place (`verispec.models.kv_cache`;
 transformers' `DynamicCache` works too). Logits and hidden states are bit-identical to transformers' forward
 (tested in float32, bfloat16 and float64; other dtypes than float32 run the norm modules themselves, so they
 follow transformers' upcasting).
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from verispec.models.fused import fused_projections
+from verispec.models.query_attention import attention_kernel
 
 # The model types whose layer structure this loop reproduces (checked against transformers 5's modeling files)
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
@@ -53,9 +55,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class LeanDecoder:
     """Run a supported transformers CausalLM (see `lean_support`) over new tokens with a KV cache (`InPlaceKVCache`
     or transformers' `DynamicCache`). `fuse`: run the projections that share an input as one call where the linear
-    backend allows (`fused_projections`)."""
+    backend allows (`fused_projections`). `query_rows`: forwards over at most this many tokens attend one query at
+    a time (`verispec.models.query_attention`; the caller checks `query_attention_support`), longer ones (prompts)
+    with torch's fused kernel; None: torch's kernel always."""
 
-    def __init__(self, model: Any, fuse: bool = True) -> None:
+    def __init__(self, model: Any, fuse: bool = True, query_rows: int | None = None) -> None:
         reason = lean_support(model)
         assert reason is None, f"LeanDecoder cannot run this model: {reason}"
         self.model = model
@@ -73,6 +77,8 @@ class LeanDecoder:
         self.qkv = [fused_projections([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], fuse)
                     for layer in self.layers]
         self.gate_up = [fused_projections([layer.mlp.gate_proj, layer.mlp.up_proj], fuse) for layer in self.layers]
+        self.query_rows = query_rows
+        self.query_kernel = attention_kernel() if query_rows is not None else None
 
     def _norm(self, module: Any, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # one fused op, bit-identical to transformers' float32 RMSNorm (tested)
@@ -101,6 +107,7 @@ class LeanDecoder:
             mask, positions = tree[0].to(ids.device), tree[1].to(ids.device)
         cos, sin = self.inner.rotary_emb(x, positions.unsqueeze(0))  # [1, T, D] each
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
+        per_query = self.query_kernel is not None and length <= self.query_rows
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = self._norm(layer.input_layernorm, x)
@@ -111,9 +118,12 @@ class LeanDecoder:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             k, v = cache.update(k, v, index)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
-                                               enable_gqa=self.heads != self.kv_heads)  # [1, heads, T, D]
-            x = x + attn.o_proj.forward(o.transpose(1, 2).reshape(1, length, self.heads * self.head_dim))
+            if per_query:  # [1, T, heads, D]; causal after the cache unless a tree mask says otherwise
+                o = self.query_kernel.attend(q, k, v, mask if tree is not None else None, self.scale)
+            else:
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
+                                                   enable_gqa=self.heads != self.kv_heads).transpose(1, 2)
+            x = x + attn.o_proj.forward(o.reshape(1, length, self.heads * self.head_dim))
             h = self._norm(layer.post_attention_layernorm, x)
             gate, up = self.gate_up[index](h)
             x = x + layer.mlp.down_proj.forward(layer.mlp.act_fn(gate) * up)
