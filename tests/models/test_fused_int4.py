@@ -91,7 +91,7 @@ def test_the_decoder_loop_fuses_the_projections_and_keeps_transformers_logits():
     model, tokenizer = grid_qwen()
     lean, plain = HFCausalLM(model, tokenizer), HFCausalLM(model, tokenizer, lean=False)
     assert apply_linear_backend(lean, "int4") == "int4"  # replaces the shared modules' linears
-    lean.per_query_attention = False  # torch's attention, as transformers' forward (tests/models/test_query_attention.py)
+    lean.per_query_attention = False  # torch's attention, as transformers' forward runs it
     lean.linears_changed()
     loop = lean._lean
     assert all(isinstance(call, FusedInt4) and len(call.layers) == 3 for call in loop.qkv)

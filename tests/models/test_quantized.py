@@ -230,31 +230,6 @@ def int8_decoder():
     return Decoder(linear_backend="int8")
 
 
-# Dynamic activation quantization is not batch-invariant on the real pair: float rounding differences between
-# block shapes (attention over another number of queries) move a per-token scale and flip int8 roundings, so one
-# position's logits move by a few hundredths with the block it was computed in (0.06 seen at a top-2 margin of 0.36).
-# Greedy speculative decoding may then part from greedy `ar` only where `ar`'s top two tokens nearly tie.
-NEAR_TIE = 0.5
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("prompt", PAIR_PROMPTS)
-@pytest.mark.parametrize("settings", [dict(method="sd"), dict(method="sd", drafter="ngram", ngram_min=1)])
-def test_default_pair_greedy_sd_parts_from_ar_on_int8_only_at_near_ties(int8_decoder, prompt, settings):
-    ar = int8_decoder.generate(prompt, method="ar", max_new_tokens=32)
-    sd = int8_decoder.generate(prompt, gamma=4, max_new_tokens=32, **settings)
-    assert int8_decoder.model("target").linear_backend == "int8"
-    if sd.tokens == ar.tokens:
-        return
-    first = next(i for i, (a, b) in enumerate(zip(ar.tokens, sd.tokens, strict=False)) if a != b)
-    target = int8_decoder.model("target")
-    target.reset()
-    logits = target.forward(int8_decoder.encode_prompt(prompt) + ar.tokens[:first]).logits[0]
-    top = logits.topk(2)
-    assert sd.tokens[first] in top.indices.tolist(), (first, sd.tokens[first], top)
-    assert float(top.values[0] - top.values[1]) < NEAR_TIE, (first, top)
-
-
 @pytest.mark.slow
 def test_default_pair_int8_logits_stay_near_float32(int8_decoder):
     from verispec.models.loading import load_model

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from tests.models.test_hf_adapter import fresh_logits
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.hf import HFCausalLM
-from verispec.models.query_attention import attention_kernel
 from verispec.models.quantized import quantized_engine
+from verispec.models.query_attention import attention_kernel
 from verispec.models.tiny import tiny_qwen2, tiny_tokenizer
 
 pytestmark = pytest.mark.skipif(attention_kernel() is None, reason="the attention kernel cannot be built here")
