@@ -40,8 +40,8 @@ def reference(q, k, v, mask, scale):
 
 
 # kv groups of 1, 2, 6 (the default target), 7 (its draft), 8 (one block) and 9 (a block and a rest); head sizes
-# that are and are not a multiple of the kernel's 32-wide output chunks
-SHAPES = [(4, 4, 16), (4, 2, 64), (12, 2, 128), (14, 2, 64), (8, 1, 40), (18, 2, 32)]
+# that are and are not multiples of the kernel's 16 lanes and 32-wide output chunks
+SHAPES = [(4, 4, 16), (4, 2, 64), (12, 2, 128), (14, 2, 64), (8, 1, 40), (18, 2, 32), (6, 3, 20)]
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), SHAPES)

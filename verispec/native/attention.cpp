@@ -22,7 +22,7 @@
 
 namespace {
 
-constexpr int64_t LANES = 8;  // partial sums per dot product: one 256-bit vector of floats
+constexpr int64_t LANES = 16;  // partial sums per dot product: one 512-bit vector of floats
 
 // Sums the LANES partial sums pairwise (a short dependency chain instead of LANES adds in a row).
 inline float reduce(float* partial) {
@@ -45,13 +45,20 @@ void dots(const float* __restrict queries, int64_t q_stride, const float* __rest
     const float* r0 = kh + keys[t] * stride;
     const float* r1 = pair ? kh + keys[t + 1] * stride : r0;
     float p0[H][LANES] = {}, p1[H][LANES] = {};
-    for (int64_t d = 0; d < D; d += LANES)
+    int64_t d = 0;
+    for (; d + LANES <= D; d += LANES)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t l = 0; l < LANES; ++l) {
           const float x = queries[h * q_stride + d + l];
           p0[h][l] += x * r0[d + l];
           p1[h][l] += x * r1[d + l];
         }
+    for (int64_t h = 0; h < H; ++h)  // a head size that is no multiple of LANES: the rest into the first lanes
+      for (int64_t l = 0; d + l < D; ++l) {
+        const float x = queries[h * q_stride + d + l];
+        p0[h][l] += x * r0[d + l];
+        p1[h][l] += x * r1[d + l];
+      }
     for (int64_t h = 0; h < H; ++h) {
       scores[h * n + t] = reduce(p0[h]) * scale;
       if (pair) scores[h * n + t + 1] = reduce(p1[h]) * scale;
@@ -166,7 +173,6 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attend: heads must be a multiple of kv_heads");
   TORCH_CHECK(k.size(3) == D && v.size(3) == D && v.size(1) == kv_heads && v.size(2) == S, "attend: shape mismatch");
   TORCH_CHECK(S >= T, "attend: fewer keys than queries");
-  TORCH_CHECK(D % LANES == 0, "attend: the head size must be a multiple of 8");
   const bool* visible = nullptr;
   torch::Tensor m;
   if (mask.has_value()) {

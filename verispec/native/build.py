@@ -13,10 +13,12 @@ from verispec.errors import ConfigError
 
 
 @functools.cache
-def load_native(source: Path, name: str, portable: bool = False, instead: str = "") -> Any:
+def load_native(source: Path, name: str, portable: bool = False, instead: str = "",
+                extra_flags: tuple[str, ...] = ()) -> Any:
     """Build (once, cached) and return the torch extension module compiled from `source`: for this CPU
     (`-march=native`), or `portable` (x86-64-v2: no AVX-512, to test that the generic code agrees). A failed build
-    raises ConfigError naming the source, the first compiler error and `instead` (what the user can run without it)."""
+    raises ConfigError naming the source, the first compiler error and `instead` (what the user can run without it).
+    `extra_flags`: more compiler flags (part of the cache key)."""
     from torch.utils import cpp_extension  # imported here: it pulls in the compiler tooling
 
     from verispec.models.cache import cache_dir
@@ -26,7 +28,7 @@ def load_native(source: Path, name: str, portable: bool = False, instead: str = 
     # setting (measured: the 4-bit linear 1.9x slower per layer on 2 cores). No -fopenmp at link time: the OpenMP
     # calls resolve to the runtime torch itself loads, so torch.set_num_threads governs the kernels and no second
     # pool spins.
-    flags = ["-O3", f"-march={arch}", "-fopenmp"]
+    flags = ["-O3", f"-march={arch}", "-fopenmp", *extra_flags]
     tag = hashlib.sha256(source.read_bytes() + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:12]
     build = cache_dir() / "native" / f"{name}-{tag}"
     build.mkdir(parents=True, exist_ok=True)
