@@ -10,6 +10,7 @@ from verispec.api import check_compatible
 from verispec.config import MULTIPATH_PATHS
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.models.hf import HFCausalLM
+from verispec.models.quantized import quantized_engine
 from verispec.models.tiny import TINY_CHARS, tiny_qwen2, tiny_tokenizer
 
 
@@ -144,3 +145,24 @@ def test_the_recorded_linear_backend_is_the_one_in_use(tiny_pair, tmp_path, monk
     # kernels, and the record, which goes into every profile and results file, must say so.
     monkeypatch.setattr(fastpath, "onednn_available", lambda: False)
     assert loading.load_model(str(folder), "target", linear_backend="onednn").linear_backend == "torch"
+
+
+@pytest.mark.skipif(quantized_engine() is None, reason="this torch build has no fbgemm engine")
+def test_an_int4_target_gets_a_4bit_draft_unless_told_otherwise(tiny_pair, tmp_path):
+    folders = {}
+    for role in ("target", "partial"):
+        folders[role] = tmp_path / role
+        tiny_pair[role].model.save_pretrained(folders[role])
+        tiny_pair[role].tokenizer.save_pretrained(folders[role])
+    pair = Decoder(str(folders["target"]), str(folders["partial"]), linear_backend="int4")
+    assert pair.draft_linear_backend == "int4-rounded"
+    assert pair.model("target").linear_backend == "int4" and pair.model("draft").linear_backend == "int4-rounded"
+    ar = pair.generate("def f(x):", method="ar", max_new_tokens=12, chat_template=False)
+    sd = pair.generate("def f(x):", method="sd", gamma=3, max_new_tokens=12, chat_template=False)
+    assert sd.tokens == ar.tokens
+    as_given = Decoder(str(folders["target"]), str(folders["partial"]), linear_backend="int4",
+                       draft_linear_backend="int4")
+    assert as_given.model("draft").linear_backend == "int4"
+    assert Decoder(linear_backend="int8").draft_linear_backend == "int8"
+    with pytest.raises(ConfigError, match="linear backend 'int3'"):
+        Decoder("some/model", draft_linear_backend="int3")

@@ -15,7 +15,7 @@ from verispec.errors import ConfigError
 from verispec.inputs import check_prompt
 from verispec.limits import check_context
 from verispec.methods import get_method
-from verispec.models.fastpath import check_linear_backend
+from verispec.models.fastpath import check_linear_backend, draft_backend_for
 from verispec.models.hf import HFCausalLM, check_model_spec, parse_dtype
 from verispec.models.loading import DEFAULT, DEFAULT_LINEAR_BACKEND, load_model
 from verispec.models.pair import check_compatible, encode_prompt, eos_token_ids
@@ -50,7 +50,8 @@ class Decoder:
     """A draft/target pair kept loaded for many generations. Models load lazily, on first use.
 
     `target`/`draft`: None or "default" for the embedded Qwen2.5-Coder pair, a hub id, a local folder, a .gguf
-    file, or an already built `HFCausalLM`.
+    file, or an already built `HFCausalLM`. `draft_dtype`, `draft_linear_backend`: the draft's, where they differ
+    from the target's (`draft_linear_backend` None: `verispec.models.fastpath.draft_backend_for(linear_backend)`).
     """
 
     def __init__(
@@ -62,11 +63,14 @@ class Decoder:
         verifier: str | Any = None,
         linear_backend: str = DEFAULT_LINEAR_BACKEND,
         draft_dtype: str | torch.dtype | None = None,
+        draft_linear_backend: str | None = None,
     ) -> None:
         parse_dtype(dtype)  # fail on a bad dtype now, not after minutes of loading
         if draft_dtype is not None:
             parse_dtype(draft_dtype)
         check_linear_backend(linear_backend)
+        if draft_linear_backend is not None:
+            check_linear_backend(draft_linear_backend)
         # Everything that can be checked without loading a model is checked now, not after minutes of loading.
         for spec in (target, draft):
             if isinstance(spec, str) and spec != DEFAULT:
@@ -78,6 +82,8 @@ class Decoder:
         self.dtype, self.device, self.linear_backend = dtype, device, linear_backend
         # The draft may run in a cheaper dtype: every lossless method keeps the target's law whatever q is.
         self.draft_dtype = draft_dtype if draft_dtype is not None else dtype
+        # Its linears may run another backend for the same reason (an int4 target: 4-bit draft weights throughout).
+        self.draft_linear_backend = draft_linear_backend or draft_backend_for(linear_backend)
         self._verifier_spec = verifier  # a LearnedVerifier file path (loaded on first use) or object
         self._verifier_file: str | None = None  # the file it came from, once loaded
         self._specs = {"target": target, "draft": draft}
@@ -93,8 +99,8 @@ class Decoder:
         if role not in self._models:
             spec = self._specs[role]
             dtype = self.draft_dtype if role == "draft" else self.dtype
-            self._models[role] = load_model(spec, role, dtype=dtype, device=self.device,
-                                            linear_backend=self.linear_backend)
+            backend = self.draft_linear_backend if role == "draft" else self.linear_backend
+            self._models[role] = load_model(spec, role, dtype=dtype, device=self.device, linear_backend=backend)
             other = "draft" if role == "target" else "target"
             if other in self._models:
                 check_compatible(self._models["target"], self._models["draft"])
@@ -121,7 +127,7 @@ class Decoder:
                 model = spec
             else:
                 model = load_model(spec, "draft", dtype=self.draft_dtype, device=self.device,
-                                   linear_backend=self.linear_backend, draft_vocab=n)
+                                   linear_backend=self.draft_linear_backend, draft_vocab=n)
             if "target" in self._models:
                 check_compatible(self._models["target"], model)
             self._reduced_drafts[n] = model
@@ -249,6 +255,7 @@ def generate(
     verifier: str | None = None,
     linear_backend: str = DEFAULT_LINEAR_BACKEND,
     draft_dtype: str | None = None,
+    draft_linear_backend: str | None = None,
     chat_template: bool = True,
     **settings: Any,
 ) -> Generation:
@@ -258,8 +265,9 @@ def generate(
     Models stay loaded between calls with the same target, draft, dtype and device.
     """
     config = resolve_config(config, settings)  # a bad setting fails before minutes of loading
-    key = (target, draft, dtype, device, verifier, linear_backend, draft_dtype)
+    key = (target, draft, dtype, device, verifier, linear_backend, draft_dtype, draft_linear_backend)
     if key not in _DECODERS:
         _DECODERS[key] = Decoder(target, draft, dtype=dtype, device=device, verifier=verifier,
-                                 linear_backend=linear_backend, draft_dtype=draft_dtype)
+                                 linear_backend=linear_backend, draft_dtype=draft_dtype,
+                                 draft_linear_backend=draft_linear_backend)
     return _DECODERS[key].generate(prompt, config, chat_template=chat_template)

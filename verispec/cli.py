@@ -26,7 +26,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     config = decode_config(args)
     decoder = Decoder(
         args.target, args.draft, dtype=args.dtype, verifier=args.verifier, linear_backend=args.linear_backend,
-        draft_dtype=args.draft_dtype,
+        draft_dtype=args.draft_dtype, draft_linear_backend=args.draft_linear_backend,
     )
     gen = decoder.generate(prompt, config, chat_template=not args.no_chat_template)
     if args.json:
@@ -82,7 +82,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     config = CompareConfig(
         methods=args.methods, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         max_new_tokens=args.max_new_tokens, seed=args.seed, target=args.target, draft=args.draft, dtype=args.dtype,
-        draft_dtype=args.draft_dtype,
+        draft_dtype=args.draft_dtype, linear_backend=args.linear_backend,
+        draft_linear_backend=args.draft_linear_backend,
     )
     if args.prompts:
         from verispec.bench.datasets import read_source

@@ -22,7 +22,11 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                         help=f"CPU linear layers: int8 weights with per-token int8 activations (fbgemm); int4: the "
                              f"layers of a 4-bit GGUF kept in 4 bits (verispec's kernel, built once), the rest int8; "
                              f"oneDNN with packed float weights; or transformers' own "
-                             f"(default: {DEFAULT_LINEAR_BACKEND})")
+                             f"(default: {DEFAULT_LINEAR_BACKEND}); int4-rounded: every layer in 4 bits, those on "
+                             f"no 4-bit grid rounded (an approximation)")
+    parser.add_argument("--draft-linear-backend", default=None, choices=LINEAR_BACKENDS,
+                        help="the draft's linear backend, when it differs (default: --linear-backend's, except "
+                             "int4-rounded for an int4 target; lossless methods keep the target's law)")
 
 
 def add_decode_options(parser: argparse.ArgumentParser) -> None:

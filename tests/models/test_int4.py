@@ -272,3 +272,29 @@ def test_greedy_speculative_decoding_equals_ar(one_thread, method, paths):
     out = Engine(target, draft).decode(prompt, DecodeConfig(method, gamma=4, paths=paths, max_new_tokens=40))
     assert out.tokens == expected
     assert 0 < out.trace.acceptance_rate < 1
+
+
+def test_int4_rounded_puts_the_layers_on_no_grid_in_4_bits_too():
+    """Weights on no 4-bit grid: int4 runs them in int8, int4-rounded rounds each group of 32 onto 16 levels between
+    its minimum and maximum (each weight within half a level of itself, plus float16's rounding of scale and
+    offset) and says how many layers it rounded."""
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(128, 96, generator=gen)
+    layers = {}
+    for rounded in (False, True):
+        linear = torch.nn.Linear(96, 128)
+        linear.weight.data.copy_(weight)
+        counts = use_int4_linears(torch.nn.Sequential(linear), round_to_4bit=rounded)
+        layers[rounded] = linear.quantized
+        assert counts["int4"] == counts["int4_rounded"] == int(rounded)
+    assert isinstance(layers[False], Int8RowLinear) and isinstance(layers[True], Int4Linear)
+    groups = weight.reshape(-1, GROUP)
+    half_step = (groups.amax(1) - groups.amin(1)) / 30
+    err = (layers[True].dequantized() - weight).abs().reshape(-1, GROUP).amax(1)
+    assert (err <= half_step * 1.01 + 2.0**-11 * groups.abs().amax(1) * 16).all()
+    assert (err > 0.2 * half_step).float().mean() > 0.9  # rounded indeed: random weights sit between the levels
+    tokenizer = tiny_tokenizer()
+    model = HFCausalLM(tiny_qwen2(len(tokenizer), seed=2, hidden=64, dtype=torch.float32), tokenizer)
+    assert apply_linear_backend(model, "int4-rounded") == "int4-rounded" and model.per_query_attention
+    rounded_layers = sum(isinstance(m.quantized, Int4Linear) for m in model.model.modules() if hasattr(m, "quantized"))
+    assert rounded_layers > 0 and f"({rounded_layers} of them rounded to 4 bits)" in model.linear_kernel

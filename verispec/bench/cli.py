@@ -160,6 +160,9 @@ def _add_model_options(g: argparse._ArgumentGroup, d: Any) -> None:
     g.add_argument("--device", default=d.device, help="torch device (default: %(default)s)")
     g.add_argument("--linear-backend", default=d.linear_backend, choices=LINEAR_BACKENDS,
                    help="verispec methods' CPU linears (default: %(default)s)")
+    g.add_argument("--draft-linear-backend", default=d.draft_linear_backend, choices=LINEAR_BACKENDS,
+                   help="the draft's linears, when they differ (default: --linear-backend's, except int4-rounded "
+                        "for an int4 target)")
 
 
 def cmd_fixed_blocks(args: argparse.Namespace) -> int:

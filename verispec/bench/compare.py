@@ -16,6 +16,7 @@ from verispec.bench.metrics import summarize
 from verispec.bench.runner import BenchConfig, run_bench
 from verispec.bench.tables import format_table
 from verispec.config import DecodeConfig
+from verispec.models.loading import DEFAULT_LINEAR_BACKEND
 from verispec.provenance import machine_description
 from verispec.sampling import SamplingConfig
 
@@ -38,6 +39,8 @@ class CompareConfig:
     draft: str | None = None  # None = the embedded default draft
     dtype: str = "float32"  # model weights
     draft_dtype: str | None = None  # the draft's, when it differs (None: dtype)
+    linear_backend: str = DEFAULT_LINEAR_BACKEND  # CPU linears (verispec.models.fastpath)
+    draft_linear_backend: str | None = None  # the draft's, when it differs (None: fastpath.draft_backend_for)
     warmup_tokens: int = 4  # per method, one excluded decode of this many tokens first
 
 
@@ -48,6 +51,7 @@ def bench_config(config: CompareConfig) -> BenchConfig:
         baseline=config.methods[0], gamma=config.gamma, temperature=config.temperature, top_k=config.top_k,
         top_p=config.top_p, max_new_tokens=config.max_new_tokens, seed=config.seed, target=config.target,
         draft=config.draft, dtype=config.dtype, draft_dtype=config.draft_dtype, warmup_tokens=config.warmup_tokens,
+        linear_backend=config.linear_backend, draft_linear_backend=config.draft_linear_backend,
     )
 
 

@@ -74,6 +74,7 @@ class FixedBlocksConfig:
     draft_dtype: str | None = None
     device: str = "cpu"
     linear_backend: str = DEFAULT_LINEAR_BACKEND
+    draft_linear_backend: str | None = None  # the draft's, when it differs (None: fastpath.draft_backend_for)
     bootstrap_resamples: int = 2000
     bootstrap_seed: int = 0
 
@@ -174,7 +175,8 @@ def run_fixed_blocks(
         prompts = load_prompts(config.prompts, config.category, config.limit, config.subset_seed, config.offset)
     if decoder is None:
         decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
-                          linear_backend=config.linear_backend, draft_dtype=config.draft_dtype)
+                          linear_backend=config.linear_backend, draft_dtype=config.draft_dtype,
+                          draft_linear_backend=config.draft_linear_backend)
     target, draft = decoder.model("target"), decoder.model("draft")
     eos = frozenset(decoder.eos_token_ids("target"))
     origin = provenance(config.device)

@@ -73,6 +73,7 @@ class BenchConfig:
     draft_dtype: str | None = None  # the draft's weights, when they differ from `dtype` (None: `dtype`)
     device: str = "cpu"  # torch device of both models
     linear_backend: str = DEFAULT_LINEAR_BACKEND  # verispec's methods: int8 | int4 | onednn | torch (models.fastpath)
+    draft_linear_backend: str | None = None  # the draft's, when it differs (None: fastpath.draft_backend_for)
     peer_linear_backend: str = "torch"  # the transformers peers run transformers as users run it, by default
     verifier: str | None = None  # SPRINTER methods: the learned verifier file
     compare_to: str | None = None  # a second reference: rows also get the speedup vs this method (e.g. "sd")
@@ -271,7 +272,7 @@ def _run_bench(
         if decoder is None:
             decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
                               verifier=config.verifier, linear_backend=config.linear_backend,
-                              draft_dtype=config.draft_dtype)
+                              draft_dtype=config.draft_dtype, draft_linear_backend=config.draft_linear_backend)
         # The peers get models of their own only when verispec's models run another linear path than theirs.
         if any(config.variant(m).name in PEERS for m in config.methods) and (
             decoder.model("target").linear_backend != config.peer_linear_backend

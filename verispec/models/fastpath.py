@@ -6,7 +6,8 @@ once (`mkldnn::_reorder_linear_weight`) keeps a forward over a few tokens close 
 ratio f(k) = time(k-token forward) / time(1-token forward) that decides whether speculation pays stays low.
 Numerics: the same fp32 (or bf16) arithmetic, another summation order (differences ~1e-6 relative in fp32).
 The "int8" backend (verispec.models.quantized) reads 4x fewer weight bytes, LM head included; "int4"
-(verispec.models.int4) keeps the linears of a 4-bit GGUF in 4 bits and runs the others in int8.
+(verispec.models.int4) keeps the linears of a 4-bit GGUF in 4 bits and runs the others in int8; "int4-rounded"
+rounds those others to 4 bits too (an approximation: meant for drafts, whose weights change only the acceptance).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from verispec.models.int4 import PROMPT_ROWS, use_int4_linears
 from verispec.models.prompt_linear import prompt_copy
 from verispec.models.quantized import reduce_range_needed, use_int8_linears
 
-LINEAR_BACKENDS = ("torch", "onednn", "int8", "int4")
+LINEAR_BACKENDS = ("torch", "onednn", "int8", "int4", "int4-rounded")
+QUANTIZED_BACKENDS = ("int8", "int4", "int4-rounded")  # every token computed on its own (per-token activations)
 
 # What each backend runs, as the outputs report it (`model.linear_kernel`).
 KERNELS = {
@@ -31,6 +33,16 @@ KERNELS = {
     "prompts over 64 tokens on {prompt}), int8 per channel in {int8} (fbgemm), per-token dynamic {bits} "
     "activations",
 }
+KERNELS["int4-rounded"] = KERNELS["int4"].replace("linears and", "linears ({int4_rounded} of them rounded to 4 bits) "
+                                                                 "and")
+
+
+def draft_backend_for(target_backend: str) -> str:
+    """Return the draft's linear backend when none is given: the target's, except that an int4 target gets an
+    int4-rounded draft (every draft linear in 4 bits: measured on the default pair, c 0.49 -> 0.35 of a target
+    forward for 0.4 points of exact acceptance, BENCHMARKS.md §3; lossless methods keep the target's law whatever
+    the draft's weights)."""
+    return "int4-rounded" if target_backend == "int4" else target_backend
 
 
 def check_linear_backend(backend: str) -> str:
@@ -100,21 +112,22 @@ def apply_linear_backend(model: Any, backend: str) -> str:
     elif model.device.type == "cpu" and backend == "int8":
         if use_int8_linears(model.model, lm_head=model.model.get_output_embeddings()) > 0:
             applied = "int8"
-    elif model.device.type == "cpu" and backend == "int4":
-        counts = use_int4_linears(model.model, lm_head=model.model.get_output_embeddings())
+    elif model.device.type == "cpu" and backend in ("int4", "int4-rounded"):
+        counts = use_int4_linears(model.model, lm_head=model.model.get_output_embeddings(),
+                                  round_to_4bit=backend == "int4-rounded")
         if sum(counts.values()) > 0:
-            applied = "int4"
+            applied = backend
     model.linear_backend = applied
     # Linears that compute every token on its own: decode and verify passes also attend one query at a time
     # (verispec.models.query_attention), so a drafted block gets exactly the logits one-token forwards give it;
     # forwards over more than PROMPT_ROWS tokens (prompts) run other kernels, so the engine reads prompts apart.
-    row_exact = applied in ("int4", "int8")
+    row_exact = applied in QUANTIZED_BACKENDS
     model.per_query_attention = row_exact
     model.prompt_rows = PROMPT_ROWS if row_exact else None
     if applied != "torch":
         model.linears_changed()
     bits = "8-bit"
-    if applied in ("int8", "int4") and reduce_range_needed():
+    if applied in QUANTIZED_BACKENDS and reduce_range_needed():
         bits = "7-bit (this CPU's int8 kernel adds in int16)"
     model.linear_kernel = KERNELS[applied].format(bits=bits, prompt=prompt_copy(), **counts)
     if applied != backend:

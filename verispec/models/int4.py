@@ -274,12 +274,14 @@ def fits_4bit(module: torch.nn.Linear) -> bool:
 
 @torch.no_grad()
 def use_int4_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = None,
-                     prompt: str = "auto") -> dict[str, int]:
+                     prompt: str = "auto", round_to_4bit: bool = False) -> dict[str, int]:
     """Route every fp32/bf16 CPU nn.Linear of `model` through `Int4Linear` where its weights lie on a 4-bit grid
     (at least `ON_GRID` of its groups), else through `Int8RowLinear` when it has at most `MAX_INT8_INPUTS` inputs,
     else through fbgemm's `QuantizedLinear` (also where the kernel's shapes do not fit); return how many went to each
-    ("int4", "int8_rows", "int8": fbgemm). Prompt-sized forwards run a copy of each layer but the LM head in
-    `prompt_format(prompt)` (fbgemm's int8 itself where that is int8).
+    ("int4", "int8_rows", "int8": fbgemm; "int4_rounded": of the "int4" ones, those rounded). Prompt-sized forwards
+    run a copy of each layer but the LM head in `prompt_format(prompt)` (fbgemm's int8 itself where that is int8).
+    `round_to_4bit`: layers on no grid go to 4 bits too, each group of 32 weights rounded onto 16 levels between its
+    minimum and maximum (an approximation of the model: for a draft, whose weights change only the acceptance).
 
     Placeholders and tied weights are handled as `use_int8_linears` does (the LM head gets its own copy)."""
     if quantized_engine() is None:
@@ -292,7 +294,9 @@ def use_int4_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = N
         prompt_linear = prompt_layer(module.weight, module.bias, prompt) if module is not lm_head else None
         if fits_4bit(module):
             q, scale, offset, share = grid_4bit(module.weight)
-            if share >= ON_GRID:
+            if share >= ON_GRID or round_to_4bit:
+                if share < ON_GRID:
+                    rounded.add(id(module))
                 return Int4Linear(q, scale, offset, module.bias, prompt_linear=prompt_linear)
             if module.in_features <= MAX_INT8_INPUTS:
                 return Int8RowLinear(module.weight, module.bias, prompt_linear=prompt_linear)
@@ -300,8 +304,10 @@ def use_int4_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = N
             return PromptSwitch(QuantizedLinear(module.weight, module.bias), prompt_linear)
         return prompt_linear or QuantizedLinear(module.weight, module.bias)  # fbgemm's int8 for every forward
 
+    rounded: set[int] = set()
     layers = replace_linears(model, make, lm_head)
     counts = {"int4": sum(isinstance(layer, Int4Linear) for layer in layers),
               "int8_rows": sum(isinstance(layer, Int8RowLinear) for layer in layers)}
     counts["int8"] = len(layers) - counts["int4"] - counts["int8_rows"]
+    counts["int4_rounded"] = len(rounded)
     return counts

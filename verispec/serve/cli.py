@@ -20,7 +20,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = ServeConfig(defaults=decode_config(args), model_name=args.model_name, max_queue=args.max_queue,
                          time_limit=args.time_limit)
     decoder = Decoder(args.target, args.draft, dtype=args.dtype, verifier=args.verifier,
-                      linear_backend=args.linear_backend, draft_dtype=args.draft_dtype)
+                      linear_backend=args.linear_backend, draft_dtype=args.draft_dtype,
+                      draft_linear_backend=args.draft_linear_backend)
     uvicorn.run(create_app(decoder, config), host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
