@@ -4,9 +4,10 @@ of it (exact expected acceptance), without decoding noise.
 Each draft backend loads the same draft model; the target loads once. Cost: one-token forwards after `--context`
 cached tokens, the target's and every draft's in turn, rep by rep (minimum over reps: the least-disturbed run);
 c = draft t(1) / target t(1). Acceptance: the target writes its greedy answer to each prompt (chat template, up to
-`--max-new-tokens`), then the target and every draft score prompt + answer in one forward; over the answer's
-positions, α at T = 1 is the mean of Σ_x min(p(x), q(x)) (the exact probability that speculative sampling accepts
-one drafted token there) and at T = 0 the share of positions where the draft's top token is the target's.
+`--max-new-tokens`), then the target and every draft score the answer after the prompt in decode-sized forwards
+(as decoding computes them: longer forwards would run the int4 path's prompt copies). Over the answer's positions,
+α at T = 1 is the mean of Σ_x min(p(x), q(x)) (the exact probability that speculative sampling accepts one drafted
+token there) and at T = 0 the share of positions where the draft's top token is the target's.
 
     .venv/bin/python benchmarks/draft_weights.py --target-backend int4 --draft-backends int4 int4-rounded \\
         --prompts humaneval --limit 20 --out benchmarks/results/draft-weights-int4.json
@@ -47,6 +48,17 @@ def costs(target, drafts: dict, context: int, reps: int, gen: torch.Generator) -
     return {name: min(t) for name, t in times.items()}
 
 
+def answer_logits(model, ids: list[int], answer: list[int]) -> torch.Tensor:
+    """Return the logits [len(answer), V] that predict each token of `answer` after `ids`, from decode-sized forwards
+    (at most the model's `prompt_rows` tokens each, as in decoding: longer forwards run the prompt copies)."""
+    model.reset()
+    model.forward(ids[:-1])
+    fed = [ids[-1]] + answer[:-1]  # row j predicts answer[j]
+    step = getattr(model, "prompt_rows", None) or len(fed)
+    rows = [model.forward(fed[i: i + step], n_logits=len(fed[i: i + step])).logits for i in range(0, len(fed), step)]
+    return torch.cat(rows)
+
+
 @torch.inference_mode()
 def acceptance(decoder: Decoder, target, drafts: dict, prompts: list, max_new_tokens: int) -> dict[str, dict]:
     """Return per draft the exact α at T = 1 and the top-1 agreement over the target's greedy answers."""
@@ -57,15 +69,12 @@ def acceptance(decoder: Decoder, target, drafts: dict, prompts: list, max_new_to
         answer = decoder.generate(prompt.text, method="ar", temperature=0.0, max_new_tokens=max_new_tokens).tokens
         if not answer:
             continue
-        rows = len(answer)  # the logits at positions len(ids) - 1 .. end - 1 predict the answer's tokens
-        target.reset()
-        p = target.forward(ids + answer, n_logits=rows + 1).logits[:rows].double().softmax(-1)
+        p = answer_logits(target, ids, answer).double().softmax(-1)
         for name, draft in drafts.items():
-            draft.reset()
-            q = draft.forward(ids + answer, n_logits=rows + 1).logits[:rows].double().softmax(-1)
+            q = answer_logits(draft, ids, answer).double().softmax(-1)
             sums[name]["alpha"] += torch.minimum(p, q).sum(-1).sum().item()
             sums[name]["agree"] += (p.argmax(-1) == q.argmax(-1)).double().sum().item()
-        positions += rows
+        positions += len(answer)
     return {name: {"alpha_T1": s["alpha"] / positions, "top1_agreement": s["agree"] / positions,
                    "positions": positions} for name, s in sums.items()}
 

@@ -293,6 +293,10 @@ def test_int4_rounded_puts_the_layers_on_no_grid_in_4_bits_too():
     err = (layers[True].dequantized() - weight).abs().reshape(-1, GROUP).amax(1)
     assert (err <= half_step * 1.01 + 2.0**-11 * groups.abs().amax(1) * 16).all()
     assert (err > 0.2 * half_step).float().mean() > 0.9  # rounded indeed: random weights sit between the levels
+    x = torch.randn(PROMPT_ROWS + 1, 96, generator=gen)  # a prompt: the layer's prompt copy holds the rounded weights
+    prompt_out = layers[True](x)
+    rounded_err = (prompt_out - (x @ layers[True].dequantized().T + linear.bias)).abs().max()
+    assert rounded_err < 0.3 * (prompt_out - (x @ weight.T + linear.bias)).abs().max()
     tokenizer = tiny_tokenizer()
     model = HFCausalLM(tiny_qwen2(len(tokenizer), seed=2, hidden=64, dtype=torch.float32), tokenizer)
     assert apply_linear_backend(model, "int4-rounded") == "int4-rounded" and model.per_query_attention

@@ -291,15 +291,21 @@ def use_int4_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = N
 
     def make(module: torch.nn.Linear) -> KernelLinear | QuantizedLinear:
         # The LM head reads one row per prompt (the last position's logits): its copy would never run.
-        prompt_linear = prompt_layer(module.weight, module.bias, prompt) if module is not lm_head else None
+        def copy_of(weight: torch.Tensor) -> QuantizedLinear | Bf16Linear | None:
+            return prompt_layer(weight, module.bias, prompt) if module is not lm_head else None
+
         if fits_4bit(module):
             q, scale, offset, share = grid_4bit(module.weight)
-            if share >= ON_GRID or round_to_4bit:
-                if share < ON_GRID:
-                    rounded.add(id(module))
-                return Int4Linear(q, scale, offset, module.bias, prompt_linear=prompt_linear)
-            if module.in_features <= MAX_INT8_INPUTS:
-                return Int8RowLinear(module.weight, module.bias, prompt_linear=prompt_linear)
+            if share >= ON_GRID:
+                return Int4Linear(q, scale, offset, module.bias, prompt_linear=copy_of(module.weight))
+            if round_to_4bit:  # the prompt copy holds the rounded weights too: one model for prompts and decoding
+                rounded.add(id(module))
+                layer = Int4Linear(q, scale, offset, module.bias)
+                layer.prompt_linear = copy_of(layer.dequantized())
+                return layer
+        prompt_linear = copy_of(module.weight)
+        if fits_4bit(module) and module.in_features <= MAX_INT8_INPUTS:
+            return Int8RowLinear(module.weight, module.bias, prompt_linear=prompt_linear)
         if isinstance(prompt_linear, Bf16Linear):
             return PromptSwitch(QuantizedLinear(module.weight, module.bias), prompt_linear)
         return prompt_linear or QuantizedLinear(module.weight, module.bias)  # fbgemm's int8 for every forward
