@@ -39,9 +39,9 @@ KERNELS["int4-rounded"] = KERNELS["int4"].replace("linears and", "linears ({int4
 
 def draft_backend_for(target_backend: str) -> str:
     """Return the draft's linear backend when none is given: the target's, except that an int4 target gets an
-    int4-rounded draft (every draft linear in 4 bits: measured on the default pair, c 0.49 -> 0.35 of a target
-    forward for 0.4 points of exact acceptance, BENCHMARKS.md §3; lossless methods keep the target's law whatever
-    the draft's weights)."""
+    int4-rounded draft (every draft linear in 4 bits: measured on the default pair, c 0.48 -> 0.36 of a target
+    forward for 0.3-0.6 points of exact acceptance, BENCHMARKS.md §3; lossless methods keep the target's law
+    whatever the draft's weights)."""
     return "int4-rounded" if target_backend == "int4" else target_backend
 
 

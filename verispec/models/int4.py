@@ -285,7 +285,7 @@ def use_int4_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = N
 
     Placeholders and tied weights are handled as `use_int8_linears` does (the LM head gets its own copy)."""
     if quantized_engine() is None:
-        return {"int4": 0, "int8_rows": 0, "int8": 0}
+        return {"int4": 0, "int8_rows": 0, "int8": 0, "int4_rounded": 0}
     extension()  # build before the minutes of packing, and fail early with a clear error
     prompt_format(prompt)  # and a bad choice before them too
 
