@@ -116,12 +116,18 @@ def test_bad_dtype_is_rejected_before_loading():
         Decoder("some/model", dtype="int3")
 
 
-def test_draft_dtype_loads_a_cheaper_draft_and_stays_lossless(tiny_pair, tmp_path):
+def saved_pair(tiny_pair, tmp_path):
+    """Save the tiny target and partly agreeing draft as model folders; return {"target": path, "partial": path}."""
     folders = {}
     for role in ("target", "partial"):
         folders[role] = tmp_path / role
         tiny_pair[role].model.save_pretrained(folders[role])
         tiny_pair[role].tokenizer.save_pretrained(folders[role])
+    return folders
+
+
+def test_draft_dtype_loads_a_cheaper_draft_and_stays_lossless(tiny_pair, tmp_path):
+    folders = saved_pair(tiny_pair, tmp_path)
     mixed = Decoder(str(folders["target"]), str(folders["partial"]), draft_dtype="bfloat16", linear_backend="torch")
     assert next(mixed.model("draft").model.parameters()).dtype == torch.bfloat16
     assert next(mixed.model("target").model.parameters()).dtype == torch.float32
@@ -149,11 +155,7 @@ def test_the_recorded_linear_backend_is_the_one_in_use(tiny_pair, tmp_path, monk
 
 @pytest.mark.skipif(quantized_engine() is None, reason="this torch build has no fbgemm engine")
 def test_an_int4_target_gets_a_4bit_draft_unless_told_otherwise(tiny_pair, tmp_path):
-    folders = {}
-    for role in ("target", "partial"):
-        folders[role] = tmp_path / role
-        tiny_pair[role].model.save_pretrained(folders[role])
-        tiny_pair[role].tokenizer.save_pretrained(folders[role])
+    folders = saved_pair(tiny_pair, tmp_path)
     pair = Decoder(str(folders["target"]), str(folders["partial"]), linear_backend="int4")
     assert pair.draft_linear_backend == "int4-rounded"
     assert pair.model("target").linear_backend == "int4" and pair.model("draft").linear_backend == "int4-rounded"

@@ -75,8 +75,8 @@ class HFCausalLM(TreeCachedLM):
         projections that share an input as one call where the linear backend allows, unless `fuse` is False.
         Empties the cache."""
         reason = lean_support(self.model) if lean else "transformers' forward requested"
-        self._fuse, self._loop_request = fuse, (lean, in_place_cache, fuse)
-        self._lean = self._lean_decoder() if reason is None else None
+        self._loop_request = (lean, in_place_cache, fuse)
+        self._lean = self._lean_decoder(fuse) if reason is None else None
         self.decoder_loop = "verispec's decoder loop" if reason is None else f"transformers' forward ({reason})"
         if self._lean is not None and self.per_query_attention:
             self.decoder_loop += (", attention one query at a time" if self._lean.query_kernel is not None
@@ -91,10 +91,10 @@ class HFCausalLM(TreeCachedLM):
         can fuse the projections that share an input); empties the cache."""
         self.set_decoder_loop(*self._loop_request)
 
-    def _lean_decoder(self) -> LeanDecoder:
+    def _lean_decoder(self, fuse: bool) -> LeanDecoder:
         per_query = self.per_query_attention and self.prompt_rows is not None \
             and query_attention_support(self.model) is None
-        return LeanDecoder(self.model, self._fuse, self.prompt_rows if per_query else None)
+        return LeanDecoder(self.model, fuse, self.prompt_rows if per_query else None)
 
     @torch.inference_mode()
     def _run(self, tokens: Sequence[int], n_logits: int, return_hidden: bool,

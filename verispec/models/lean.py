@@ -92,6 +92,7 @@ class LeanDecoder:
         under torch.inference_mode (`HFCausalLM._run` does), as transformers' forward is."""
         length = ids.shape[1]
         x = self.inner.embed_tokens(ids)  # [1, T, H]
+        per_query = self.query_kernel is not None and length <= self.query_rows
         if tree is None:
             past = cache.get_seq_length()
             positions = torch.arange(past, past + length, device=ids.device)
@@ -99,15 +100,15 @@ class LeanDecoder:
             # flag, with which its flash kernel skips the blocks above the diagonal (half the work of a long
             # prompt). Several after cached tokens: the causal mask offset by the cache (sdpa's flag aligns to the
             # top left, which would hide cached tokens).
+            # (The per-query kernel applies the offset causal rule itself.)
             causal = length > 1 and past == 0
-            mask = None if length == 1 or causal else torch.ones(length, past + length, dtype=torch.bool,
+            mask = None if length == 1 or causal or per_query else torch.ones(length, past + length, dtype=torch.bool,
                                                                  device=ids.device).tril(past)
         else:
             causal = False
             mask, positions = tree[0].to(ids.device), tree[1].to(ids.device)
         cos, sin = self.inner.rotary_emb(x, positions.unsqueeze(0))  # [1, T, D] each
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
-        per_query = self.query_kernel is not None and length <= self.query_rows
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = self._norm(layer.input_layernorm, x)
@@ -119,7 +120,7 @@ class LeanDecoder:
             k = k * cos + _rotate_half(k) * sin
             k, v = cache.update(k, v, index)
             if per_query:  # [1, T, heads, D]; causal after the cache unless a tree mask says otherwise
-                o = self.query_kernel.attend(q, k, v, mask if tree is not None else None, self.scale)
+                o = self.query_kernel.attend(q, k, v, mask, self.scale)
             else:
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
                                                    enable_gqa=self.heads != self.kv_heads).transpose(1, 2)
