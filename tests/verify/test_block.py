@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fractions import Fraction
+from functools import partial
 from itertools import product
 
 import pytest
@@ -24,9 +25,11 @@ def pair(vocab: int, seed: int) -> tuple[TabularLM, TabularLM]:
 
 @pytest.mark.parametrize("vocab,gamma", [(3, 1), (3, 2), (3, 3), (4, 2)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_block_verification_reproduces_the_target_law_exactly(vocab, gamma, seed):
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch"])
+def test_block_verification_reproduces_the_target_law_exactly(vocab, gamma, seed, use_kernel):
     target, draft = pair(vocab, seed)
-    law = speculative_law(block_verify_law, target, draft, CONTEXT, gamma, gamma + 1)  # rounds until γ+1 tokens
+    law_fn = partial(block_verify_law, use_kernel=use_kernel)
+    law = speculative_law(law_fn, target, draft, CONTEXT, gamma, gamma + 1)  # rounds until γ+1 tokens
     assert abs(sum(law.values()) - 1.0) < 1e-12
     assert max_abs_diff(law, target_law(target, CONTEXT, gamma + 1)) < 1e-12
 

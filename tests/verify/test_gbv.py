@@ -24,18 +24,24 @@ def gbv_error(target, draft, gamma: int, k: int, law_fn=gbv_verify_law) -> float
     return max_abs_diff(law, target_law(target, CONTEXT, gamma + 1))
 
 
+# The torch reference alone: the planted bugs below patch its Python pieces, which the kernel does not call.
+REFERENCE = partial(gbv_verify_law, use_kernel=False)
+
+
 @pytest.mark.parametrize("gamma,k", CASES)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_gbv_reproduces_the_target_law_exactly(gamma, k, seed):
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch"])
+def test_gbv_reproduces_the_target_law_exactly(gamma, k, seed, use_kernel):
     # Every K-tuple of i.i.d. paths (duplicates included), every outcome, rounds until γ+1 tokens are out.
-    assert gbv_error(*pair(seed), gamma, k) < 1e-12
+    assert gbv_error(*pair(seed), gamma, k, partial(gbv_verify_law, use_kernel=use_kernel)) < 1e-12
 
 
 @pytest.mark.parametrize("gamma,k", [(2, 2), (1, 3)])
-def test_gbv_is_exact_when_every_key_ties(gamma, k):
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch"])
+def test_gbv_is_exact_when_every_key_ties(gamma, k, use_kernel):
     # p = q at every node: every token has ratio 1, so the whole order comes from the token-id tie-break (§2.2).
     model = TabularLM(3, seed=4)
-    assert gbv_error(model, model, gamma, k) < 1e-12
+    assert gbv_error(model, model, gamma, k, partial(gbv_verify_law, use_kernel=use_kernel)) < 1e-12
 
 
 def clipped_key(p_u, q_u):
@@ -64,13 +70,13 @@ def test_enumeration_catches_the_tie_break_trap_of_section_2_2(monkeypatch, clip
         monkeypatch.setattr(gbv, "ratio_key", clipped_key)
     monkeypatch.setattr(gbv, "select_child", first_child_wins)
     target, draft = (TabularLM(3, seed=4),) * 2 if same_model else pair(0)
-    assert gbv_error(target, draft, gamma, k) > 1e-4
+    assert gbv_error(target, draft, gamma, k, REFERENCE) > 1e-4
 
 
 def test_clipped_key_with_one_shared_tie_break_is_still_exact(monkeypatch):
     # What matters is that selection and q_skew share one total order, not which key defines it (§2.2, §2.6).
     monkeypatch.setattr(gbv, "ratio_key", clipped_key)
-    assert gbv_error(*pair(0), 2, 3) < 1e-12
+    assert gbv_error(*pair(0), 2, 3, REFERENCE) < 1e-12
 
 
 @pytest.mark.parametrize("gamma,k", [(2, 2), (2, 3)])
@@ -161,16 +167,19 @@ def unranked_nodes(target, draft, gamma: int) -> int:
 
 
 @pytest.mark.parametrize("gamma,k", [(1, 2), (2, 2), (2, 3), (3, 2)])
-def test_gbv_is_exact_when_some_tokens_are_unranked(gamma, k):
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch"])
+def test_gbv_is_exact_when_some_tokens_are_unranked(gamma, k, use_kernel):
     target, draft = pair(0)
     assert unranked_nodes(target, draft, gamma) > 0
-    assert gbv_error(target, draft, gamma, k, partial(gbv_verify_law, **FEW_RANKED)) < 1e-12
+    law_fn = partial(gbv_verify_law, **FEW_RANKED, use_kernel=use_kernel)
+    assert gbv_error(target, draft, gamma, k, law_fn) < 1e-12
 
 
 @pytest.mark.parametrize("gamma,k", [(2, 2), (3, 2)])
-def test_gbv_is_exact_with_every_token_ranked(gamma, k):
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "torch"])
+def test_gbv_is_exact_with_every_token_ranked(gamma, k, use_kernel):
     # min_q = 0: the reference code's plain ratio order over the whole vocabulary.
-    assert gbv_error(*pair(1), gamma, k, partial(gbv_verify_law, min_q=0.0)) < 1e-12
+    assert gbv_error(*pair(1), gamma, k, partial(gbv_verify_law, min_q=0.0, use_kernel=use_kernel)) < 1e-12
 
 
 def test_enumeration_catches_a_selection_that_ignores_the_unranked_tier(monkeypatch):
@@ -180,10 +189,10 @@ def test_enumeration_catches_a_selection_that_ignores_the_unranked_tier(monkeypa
     def mixed_order(p_u, q_u, min_q, min_share):
         every = tiered_order(p_u, q_u, 0.0, min_share)
         tiered = tiered_order(p_u, q_u, min_q, min_share)
-        return gbv.NodeOrder(ranked=every.ranked, is_ranked=every.is_ranked, bits=every.bits, below=tiered.below)
+        return gbv.NodeOrder(p_u=p_u, q_u=q_u, threshold=every.threshold, below=tiered.below)
 
     monkeypatch.setattr(gbv, "node_order", mixed_order)
-    assert gbv_error(*pair(0), 2, 2, partial(gbv_verify_law, **FEW_RANKED)) > 1e-4
+    assert gbv_error(*pair(0), 2, 2, partial(REFERENCE, **FEW_RANKED)) > 1e-4
 
 
 def test_node_order_matches_a_brute_force_sort_on_a_large_vocabulary():

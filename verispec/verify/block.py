@@ -5,13 +5,16 @@ from __future__ import annotations
 import torch
 
 from verispec.verify.common import BlockLaw, VerifyResult, check_block_shapes, drafted_probs, draw
+from verispec.verify.kernel import law_kernel
 
 
-def block_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> BlockLaw:
+def block_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                     use_kernel: bool = True) -> BlockLaw:
     """Return the exact law of block verification of one block.
 
     draft_tokens: [γ] long; q: [γ, V] draft conditionals q(·|x^i); p: [γ+1, V] target conditionals p(·|x^i).
     `q` may be any draft law the block was actually drawn from (GBV passes its skewed draft, §2.4).
+    use_kernel=False: ρ by torch only (`verispec.verify.kernel` computes the same sums in one pass per row).
     """
     check_block_shapes(draft_tokens, q, p)
     p, q = p.to(torch.float64), q.to(torch.float64)
@@ -22,7 +25,11 @@ def block_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tenso
     for i in range(1, gamma + 1):
         weights[i] = torch.clamp(weights[i - 1] * p_x[i - 1] / q_x[i - 1], max=1.0)
     # §1.2: ρ_i = Σ_v (w_i·p(v|x^i) − q(v|x^i))_+ is the target mass left over at node x^i (i = 1..γ-1).
-    rho = (weights[1:gamma, None] * p[1:gamma] - q[1:gamma]).clamp_min(0.0).sum(-1)  # [γ-1]
+    kernel = law_kernel(p, q) if use_kernel and gamma > 1 else None
+    if kernel is not None:
+        rho = kernel.positive_mass(weights[1:gamma], p[1:gamma], q[1:gamma])  # [γ-1]
+    else:
+        rho = (weights[1:gamma, None] * p[1:gamma] - q[1:gamma]).clamp_min(0.0).sum(-1)  # [γ-1]
     # h_i = ρ_i / (ρ_i + 1 − w_i), with 0/0 → 0 (§1.4: ρ_i = 0 makes τ = i a null event); 1 − w_i ≥ 0 since w_i ≤ 1.
     denom = rho + (1.0 - weights[1:gamma])
     h_mid = torch.where(rho > 0, rho / denom.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(rho))

@@ -15,6 +15,7 @@ import torch
 
 from verispec.verify.block import block_verify_law
 from verispec.verify.common import MIN_DRAFT_PROB, BlockLaw, draw
+from verispec.verify.kernel import law_kernel
 from verispec.verify.tree import MultiPathResult, build_prefix_tree, check_paths_shapes
 
 # A token is ranked by its ratio key when its draft probability at the node is at least
@@ -49,21 +50,26 @@ def key_bits(key: torch.Tensor) -> torch.Tensor:
 class NodeOrder:
     """One node's total order of §2.2 and the q-mass each token has below it (Steps A and B read only this).
 
-    The order, ascending: first the unranked tokens (q(t|u) below the threshold of `node_order`), by token id; then
-    the ranked tokens by (p/q, token id). `below[t]` = F_u(t) − q(t|u), the q-mass ranked strictly below t.
+    The order, ascending: first the unranked tokens (q(t|u) < `threshold`, see `node_order`), by token id; then the
+    ranked tokens by (p/q, token id). `below[t]` = F_u(t) − q(t|u), the q-mass ranked strictly below t.
     """
 
-    ranked: torch.Tensor  # [M] long: the ranked tokens' ids, ascending
-    is_ranked: torch.Tensor  # [V] bool
-    bits: torch.Tensor  # [M] int64: the ranked tokens' keys as ordered bit patterns (`key_bits`)
-    below: torch.Tensor  # [V] float64
+    p_u: torch.Tensor  # [V] float64
+    q_u: torch.Tensor  # [V] float64
+    threshold: float  # the least q(t|u) that ranks t by its ratio key
+    below: torch.Tensor | None  # [V] float64; None where the kernel kept it (it returns the children's only)
+
+    @property
+    def is_ranked(self) -> torch.Tensor:
+        """Return `[V]` bool: which tokens the order ranks by their ratio key."""
+        return self.q_u >= self.threshold
 
     def sort_key(self, token: int) -> tuple[int, int, int]:
         """Return a tuple that compares like `token`'s place in the order (larger = ranked higher)."""
-        if not bool(self.is_ranked[token]):
+        if float(self.q_u[token]) < self.threshold:
             return (0, 0, token)
-        place = int(torch.searchsorted(self.ranked, token))
-        return (1, int(self.bits[place]), token)
+        one = slice(token, token + 1)
+        return (1, int(key_bits(ratio_key(self.p_u[one], self.q_u[one]))), token)
 
 
 def ranked_threshold(q: torch.Tensor, min_q: float = RANKED_MIN_Q,
@@ -80,7 +86,8 @@ def node_order(p_u: torch.Tensor, q_u: torch.Tensor, min_q: float = RANKED_MIN_Q
     Tokens with q(t|u) ≥ min(min_q, min_share · max q(·|u)) are ranked by their ratio key; min_q = 0 ranks every
     token, the plain ratio order of the reference code.
     """
-    is_ranked = q_u >= ranked_threshold(q_u, min_q, min_share)  # [V]
+    threshold = float(ranked_threshold(q_u, min_q, min_share))
+    is_ranked = q_u >= threshold  # [V]
     below = torch.where(is_ranked, 0.0, q_u)  # [V] the unranked tokens' q, in token-id order
     # exclusive prefix sum in token-id order: the unranked mass below each unranked token
     inclusive = torch.cumsum(below, 0)
@@ -92,7 +99,7 @@ def node_order(p_u: torch.Tensor, q_u: torch.Tensor, min_q: float = RANKED_MIN_Q
     ascending = ranked[torch.sort(bits, stable=True).indices]  # ranked ids in order; ties by id, as `ranked` ascends
     q_sorted = q_u[ascending]
     below[ascending] = torch.cumsum(q_sorted, 0) - q_sorted + unranked_mass
-    return NodeOrder(ranked=ranked, is_ranked=is_ranked, bits=bits, below=below)
+    return NodeOrder(p_u=p_u, q_u=q_u, threshold=threshold, below=below)
 
 
 def select_child(children: Sequence[int], order: NodeOrder) -> int:
@@ -129,13 +136,34 @@ def skewed_draft(q_u: torch.Tensor, below: torch.Tensor, mass_a: float, mass_x: 
     return weights.div_(total) if total > 0 else q_u  # the guard is for underflow only (§1.4 spirit)
 
 
+def node_step(p_u: torch.Tensor, q_u: torch.Tensor, children: Sequence[int], mass_a: float, mass_x: float, k: int,
+              min_q: float, min_share: float, skew_out: torch.Tensor, use_kernel: bool = True) -> tuple[int, float]:
+    """Write q_skew(·|u) (§2.3) to `skew_out` [V] and return (the child selected at node u, the q-mass below it).
+
+    By the C++ kernel where it runs (`use_kernel` and `verispec.verify.kernel`), else by `node_order`,
+    `skewed_draft` and `select_child`, the reference. Both select by one `NodeOrder`, so selection and skew share
+    one total order (§2.2).
+    """
+    kernel = law_kernel(p_u, q_u) if use_kernel else None
+    if kernel is None:
+        order = node_order(p_u, q_u, min_q, min_share)
+        skew_out.copy_(skewed_draft(q_u, order.below, mass_a, mass_x, k))
+        child = select_child(children, order)
+        return child, float(order.below[child])
+    below, threshold = kernel.skewed_draft_row(p_u, q_u, min_q, min_share, mass_a, mass_x, k, skew_out,
+                                               torch.tensor(children, dtype=torch.long))
+    child = select_child(children, NodeOrder(p_u=p_u, q_u=q_u, threshold=threshold, below=None))
+    return child, float(below[list(children).index(child)])
+
+
 def gbv_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, min_q: float = RANKED_MIN_Q,
-                   min_share: float = RANKED_MIN_SHARE) -> tuple[int, BlockLaw]:
+                   min_share: float = RANKED_MIN_SHARE, use_kernel: bool = True) -> tuple[int, BlockLaw]:
     """Return (k, law): the selected path k and the exact law of BV on it with q := q_skew (§2.4).
 
     draft_tokens: [K, γ] long; q: [K, γ, V]; p: [K, γ+1, V] (the contract of `verispec.verify.tree`).
     `law.q` holds q_skew along the selected path; the kept prefix is draft_tokens[k, :τ]. min_q, min_share: which
-    tokens the order ranks by ratio (`node_order`; min_q = 0: all of them).
+    tokens the order ranks by ratio (`node_order`; min_q = 0: all of them). use_kernel=False: the torch reference
+    only, for every vocabulary-wide step (the kernel computes the same law; tests compare the two).
     """
     check_paths_shapes(draft_tokens, q, p)
     p, q = p.to(torch.float64), q.to(torch.float64)
@@ -143,20 +171,19 @@ def gbv_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     tree = build_prefix_tree(draft_tokens)
     prefix: tuple[int, ...] = ()
     mass_a, mass_x = 0.0, 1.0  # §2.3: A_root = 0, x_root = 1
-    skew_rows = []
+    q_skew = torch.empty(gamma, q.shape[-1], dtype=torch.float64, device=q.device)  # [γ, V]
     for depth in range(gamma):
         node = tree[prefix]
         q_u, p_u = q[node.path, depth], p[node.path, depth]  # [V], [V]
-        # §2.2: one total order, shared by Step A (selection) and Step B (skew)
-        order = node_order(p_u, q_u, min_q, min_share)
-        skew_rows.append(skewed_draft(q_u, order.below, mass_a, mass_x, k))
-        child = select_child(list(node.children), order)  # Step A: greedy descent over distinct children
+        # Step B (the skew) and Step A (greedy descent over the distinct children) by one order (§2.2)
+        child, below = node_step(p_u, q_u, list(node.children), mass_a, mass_x, k, min_q, min_share, q_skew[depth],
+                                 use_kernel)
         # §2.3: A_child = A_parent + x_parent·CDF(strictly below child); x_child = x_parent·q(child|parent).
-        mass_a, mass_x = mass_a + mass_x * float(order.below[child]), mass_x * float(q_u[child])
+        mass_a, mass_x = mass_a + mass_x * below, mass_x * float(q_u[child])
         prefix += (child,)
     chosen = tree[prefix].path
-    q_skew = torch.stack(skew_rows) if gamma else q[chosen]  # [γ, V]
-    return chosen, block_verify_law(draft_tokens[chosen], q_skew, p[chosen])  # Step C: BV with q := q_skew
+    law = block_verify_law(draft_tokens[chosen], q_skew, p[chosen], use_kernel)  # Step C: BV with q := q_skew
+    return chosen, law
 
 
 def gbv_verify(
