@@ -1,13 +1,16 @@
-"""The draft's weights against one target: what each draft linear backend costs (c) and how much the target accepts
-of it (exact expected acceptance), without decoding noise.
+"""The draft's weights against one target: what each draft linear backend (and reduced head) costs (c) and how much
+the target accepts of it (exact expected acceptance), without decoding noise.
 
-Each draft backend loads the same draft model; the target loads once. Cost: one-token forwards after `--context`
-cached tokens, the target's and every draft's in turn, rep by rep (minimum over reps: the least-disturbed run);
-c = draft t(1) / target t(1). Acceptance: the target writes its greedy answer to each prompt (chat template, up to
-`--max-new-tokens`), then the target and every draft score the answer after the prompt in decode-sized forwards
-(as decoding computes them: longer forwards would run the int4 path's prompt copies). Over the answer's positions,
-α at T = 1 is the mean of Σ_x min(p(x), q(x)) (the exact probability that speculative sampling accepts one drafted
-token there) and at T = 0 the share of positions where the draft's top token is the target's.
+Each draft backend loads the same draft model; the target loads once. A backend may name a reduced head,
+`int4-rounded:vocab=16384` (`--draft-vocab 16384` of `verispec generate`: the 16,384 best-ranked tokens plus the
+context's, docs/algorithms.md §6.1); its q is exactly the softmax over that set, so its α is what decoding gets.
+Cost: one-token forwards after `--context` cached tokens, the target's and every draft's in turn, rep by rep
+(minimum over reps: the least-disturbed run); c = draft t(1) / target t(1). Acceptance: the target writes its greedy
+answer to each prompt (chat template, up to `--max-new-tokens`), then the target and every draft score the answer
+after the prompt in decode-sized forwards (as decoding computes them: longer forwards would run the int4 path's
+prompt copies). Over the answer's positions, α at T = 1 is the mean of Σ_x min(p(x), q(x)) (the exact probability
+that speculative sampling accepts one drafted token there) and at T = 0 the share of positions where the draft's top
+token is the target's.
 
     .venv/bin/python benchmarks/draft_weights.py --target-backend int4 --draft-backends int4 int4-rounded \\
         --prompts humaneval --limit 20 --out benchmarks/results/draft-weights-int4.json
@@ -79,10 +82,22 @@ def acceptance(decoder: Decoder, target, drafts: dict, prompts: list, max_new_to
                    "positions": positions} for name, s in sums.items()}
 
 
+def load_draft(spec: str):
+    """Load the draft for `spec`: a linear backend, optionally `:vocab=N` for a reduced head (plus the context's)."""
+    backend, _, head = spec.partition(":")
+    if not head:
+        return load_model(None, "draft", linear_backend=backend)
+    key, _, value = head.partition("=")
+    if key != "vocab" or not value.isdigit():
+        raise SystemExit(f"bad draft {spec!r}: expected BACKEND or BACKEND:vocab=N")
+    return load_model(None, "draft", linear_backend=backend, draft_vocab=int(value), context_vocab=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target-backend", default="int4")
-    p.add_argument("--draft-backends", nargs="+", default=["int4", "int4-rounded"])
+    p.add_argument("--draft-backends", nargs="+", default=["int4", "int4-rounded"],
+                   help="linear backends of the draft; BACKEND:vocab=N adds a reduced head of N tokens + the context's")
     p.add_argument("--prompts", default="humaneval", help="a prompt source, as `verispec bench --prompts`")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--offset", type=int, default=0)
@@ -94,7 +109,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     target = load_model(None, "target", linear_backend=args.target_backend)
-    drafts = {b: load_model(None, "draft", linear_backend=b) for b in args.draft_backends}
+    drafts = {spec: load_draft(spec) for spec in args.draft_backends}
     kernels = {"target": target.linear_kernel} | {b: d.linear_kernel for b, d in drafts.items()}
     for name, kernel in kernels.items():
         print(f"{name}: {kernel}", flush=True)

@@ -1,4 +1,4 @@
-"""The C++ kernel of the laws' vocabulary-wide steps (verispec/verify/kernel.py) against the torch reference.
+"""The C++ kernel of the laws' vocabulary-wide steps (verispec/native/laws.py) against the torch reference.
 
 The exact-enumeration proofs in test_gbv.py and test_block.py run through both; these compare the two on large
 vocabularies, with ties, zeros and both tiers of GBV's order, where enumeration cannot go.
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import verispec.verify.gbv as gbv
+from verispec.native.laws import law_kernel
 from verispec.verify import block_verify_law, gbv_verify_law
-from verispec.verify.kernel import law_kernel
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-// Vocabulary-wide steps of the verification laws, each fused into a few passes over one row (docs/algorithms.md
-// §1.2, §2.2-2.3). The torch reference of each is in verispec/verify/gbv.py and block.py; tests hold the two equal.
+// Vocabulary-wide steps of the verification laws, each fused into a few passes over one row: GBV's order and q_skew
+// at a node (docs/algorithms.md §2.2-2.3) and BV's leftover mass (§1.2). The torch code beside each call
+// (verispec/verify/gbv.py, block.py) is the reference; tests hold the two equal.
 //
 // Why: on a 151,936-token vocabulary GBV's law made about 18 full-vocabulary tensor passes per node of the path
 // (order, prefix sums, q_skew, normalisation), each a separate allocation and loop; here a node is three passes

@@ -1,9 +1,10 @@
-"""The C++ kernel of the verification laws' vocabulary-wide steps (verispec/native/verify_laws.cpp).
+"""The C++ kernel of the verification laws' vocabulary-wide steps (verispec/native/laws.cpp): GBV's order and q_skew
+at a node, and BV's leftover mass per row (`verispec.verify.gbv`, `verispec.verify.block`).
 
-The torch code in gbv.py and block.py is the reference and the fallback: the kernel computes the same quantities in
-a few fused passes (tests hold the two equal to rounding and run the exact-enumeration proofs through both). It is
-built once per machine on first use; where it cannot be built, or the tensors are not float64 on the CPU, the torch
-code runs.
+The torch code beside each call is the reference and the fallback: the kernel computes the same quantities in a few
+fused passes (tests hold the two equal to rounding and run the exact-enumeration proofs through both). It is built
+once per machine on first use; where it cannot be built, or the tensors are not float64 on the CPU, the torch code
+runs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from verispec.errors import ConfigError
 
-SOURCE = Path(__file__).resolve().parent.parent / "native" / "verify_laws.cpp"
+SOURCE = Path(__file__).resolve().parent / "laws.cpp"
 
 
 @functools.cache
@@ -24,7 +25,7 @@ def _extension() -> Any | None:
     from verispec.native.build import load_native  # imported here: it pulls in torch's compiler tooling
 
     try:
-        return load_native(SOURCE, "verify_laws")
+        return load_native(SOURCE, "laws")
     except ConfigError:
         return None
 
