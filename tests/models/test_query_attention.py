@@ -128,3 +128,34 @@ def test_on_the_quantized_paths_a_block_gets_exactly_the_logits_of_one_token_for
 def test_float_paths_keep_torchs_attention(backend):
     model = tiny(backend)
     assert not model.per_query_attention and "one query" not in model.decoder_loop
+
+
+# ---- The small per-token ops of a decode pass that run in the same module ----
+
+
+@pytest.mark.parametrize("tokens,heads,kv_heads,dim", [(1, 14, 2, 64), (5, 12, 2, 128), (64, 4, 4, 16)])
+def test_rotate_qk_writes_the_bits_of_torchs_rotary(tokens, heads, kv_heads, dim):
+    from verispec.models.lean import _rotate_half
+
+    gen = torch.Generator().manual_seed(tokens)
+    fused = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen)  # a fused q, k, v projection's output
+    q, k, _ = fused.split([heads * dim, kv_heads * dim, kv_heads * dim], -1)
+    q = q.view(1, tokens, heads, dim).transpose(1, 2)
+    k = k.view(1, tokens, kv_heads, dim).transpose(1, 2)
+    cos, sin = torch.randn(tokens, dim, generator=gen), torch.randn(tokens, dim, generator=gen)
+    expected_q = q * cos + _rotate_half(q) * sin  # transformers' apply_rotary_pos_emb, broadcast over heads
+    expected_k = k * cos + _rotate_half(k) * sin
+    attention_kernel().rotate_qk(q, k, cos, sin)  # in place
+    assert torch.equal(q, expected_q) and torch.equal(k, expected_k)  # fails if the compiler fused the products
+
+
+def test_rms_norm_is_torchs_to_rounding_and_per_row():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 896, generator=gen) * 3
+    weight = torch.randn(896, generator=gen)
+    out = attention_kernel().rms_norm(x, weight, 1e-6)
+    assert torch.allclose(out, F.rms_norm(x.double(), (896,), weight.double(), 1e-6).float(), rtol=1e-5, atol=1e-6)
+    for row in (0, 3, 6):  # a row's bits do not depend on the call's other rows
+        assert torch.equal(attention_kernel().rms_norm(x[row:row + 1], weight, 1e-6), out[row:row + 1])
+    with pytest.raises(RuntimeError, match="weight"):
+        attention_kernel().rms_norm(x, weight[:10], 1e-6)

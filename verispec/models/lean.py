@@ -79,8 +79,13 @@ class LeanDecoder:
         self.gate_up = [fused_projections([layer.mlp.gate_proj, layer.mlp.up_proj], fuse) for layer in self.layers]
         self.query_rows = query_rows
         self.query_kernel = attention_kernel() if query_rows is not None else None
+        # Where attention runs one query at a time, its module also runs the rotary embedding (the same bits) and
+        # RMSNorm (each row on its own) of those passes; False keeps torch's ops (to measure what the kernels save).
+        self.small_ops = True
 
-    def _norm(self, module: Any, x: torch.Tensor) -> torch.Tensor:
+    def _norm(self, module: Any, x: torch.Tensor, per_query: bool) -> torch.Tensor:
+        if per_query and self.small_ops:  # decode and verify passes: one kernel call, each row on its own
+            return self.query_kernel.rms_norm(x, module.weight, module.variance_epsilon)
         if x.dtype == torch.float32:  # one fused op, bit-identical to transformers' float32 RMSNorm (tested)
             return F.rms_norm(x, (self.hidden_size,), module.weight, module.variance_epsilon)
         return module(x)  # other dtypes: transformers' own upcasting
@@ -108,16 +113,20 @@ class LeanDecoder:
             causal = False
             mask, positions = tree[0].to(ids.device), tree[1].to(ids.device)
         cos, sin = self.inner.rotary_emb(x, positions.unsqueeze(0))  # [1, T, D] each
+        cos_rows, sin_rows = cos[0].contiguous(), sin[0].contiguous()  # [T, D]
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
-            h = self._norm(layer.input_layernorm, x)
+            h = self._norm(layer.input_layernorm, x, per_query)
             q, k, v = self.qkv[index](h)
             q = q.view(1, length, self.heads, self.head_dim).transpose(1, 2)
             k = k.view(1, length, self.kv_heads, self.head_dim).transpose(1, 2)
             v = v.view(1, length, self.kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            if per_query and self.small_ops:  # the same bits in one kernel call instead of twelve elementwise ones
+                self.query_kernel.rotate_qk(q, k, cos_rows, sin_rows)
+            else:
+                q = q * cos + _rotate_half(q) * sin
+                k = k * cos + _rotate_half(k) * sin
             k, v = cache.update(k, v, index)
             if per_query:  # [1, T, heads, D]; causal after the cache unless a tree mask says otherwise
                 o = self.query_kernel.attend(q, k, v, mask, self.scale)
@@ -125,9 +134,9 @@ class LeanDecoder:
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
                                                    enable_gqa=self.heads != self.kv_heads).transpose(1, 2)
             x = x + attn.o_proj.forward(o.reshape(1, length, self.heads * self.head_dim))
-            h = self._norm(layer.post_attention_layernorm, x)
+            h = self._norm(layer.post_attention_layernorm, x, per_query)
             gate, up = self.gate_up[index](h)
             x = x + layer.mlp.down_proj.forward(layer.mlp.act_fn(gate) * up)
-        hidden = self._norm(self.inner.norm, x[0, -n_logits:])  # [n, H]: only the rows whose logits are used
+        hidden = self._norm(self.inner.norm, x[0, -n_logits:], per_query)  # [n, H]: only the rows whose logits are used
         logits = self.model.lm_head.forward(hidden)  # [n, V]
         return logits, (hidden if return_hidden else None)

@@ -10,6 +10,9 @@ are bit-identical to one-token forwards' (tested), so greedy speculative decodin
 Measured on one layer of the default target (12 heads sharing 2 key-value heads of 128, 2 threads, Intel Xeon): one
 query after 300 cached tokens 0.55x the time of torch's kernel, five queries after 1,000 1.6x; a whole one-token
 forward of the target as fast as with torch's kernel, a five-token one 1% slower.
+
+The same passes run their rotary embedding (bit-identical to torch's) and RMSNorm (each row on its own, torch's to
+float32 rounding) in this module: one call each instead of six to seven small torch calls per use.
 """
 
 from __future__ import annotations

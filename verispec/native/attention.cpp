@@ -11,6 +11,9 @@
 // q [1, heads, T, D], k and v [1, kv_heads, S, D] (any strides, the last dimension contiguous), float32. Query i
 // sees the keys where mask[i] is true (mask [T, S] bool), or with no mask keys 0 .. S - T + i (causal after the
 // cached S - T). Returns [1, T, heads, D] contiguous (the layout the output projection reads).
+//
+// The same passes' small per-token ops run here too (rotate_qk, rms_norm at the end of the file): in torch each is
+// several calls that cost more in dispatch than in arithmetic on a decode pass's few rows.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -232,7 +235,71 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
   return out;
 }
 
+// Rotary position embedding of one layer's q and k in place, x <- x·cos + rotate_half(x)·sin with rotate_half(x) =
+// (-x[D/2:], x[:D/2]) (transformers' apply_rotary_pos_emb). Why: in torch that is six elementwise calls per tensor
+// per layer, each paying a dispatch larger than its arithmetic in a decode pass. Every product and sum is rounded as
+// torch's separate calls round them (no fused multiply-add, hence the attribute), so the bits are the same.
+// q [1, heads, T, D], k [1, kv_heads, T, D] (any strides, the last dimension contiguous); cos, sin [T, D] contiguous.
+__attribute__((optimize("fp-contract=off"))) void rotate_qk(torch::Tensor q, torch::Tensor k,
+                                                            const torch::Tensor& cos, const torch::Tensor& sin) {
+  for (const torch::Tensor* x : {&q, &k}) {
+    TORCH_CHECK(x->dim() == 4 && x->size(0) == 1 && x->scalar_type() == at::kFloat && x->stride(3) == 1,
+                "rotate_qk: q and k must be [1, heads, tokens, dim] float32 with the last dimension contiguous");
+  }
+  const int64_t T = q.size(2), D = q.size(3), half = D / 2;
+  TORCH_CHECK(D % 2 == 0 && k.size(2) == T && k.size(3) == D, "rotate_qk: q and k must share tokens and an even dim");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
+                  sin.scalar_type() == at::kFloat && cos.numel() == T * D && sin.numel() == T * D,
+              "rotate_qk: cos and sin must be [tokens, dim] float32, contiguous");
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  for (torch::Tensor* x : {&q, &k}) {
+    float* base = x->data_ptr<float>();
+    for (int64_t h = 0; h < x->size(1); ++h) {
+      for (int64_t t = 0; t < T; ++t) {
+        float* row = base + h * x->stride(1) + t * x->stride(2);
+        const float* c = cp + t * D;
+        const float* s = sp + t * D;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = row[i], b = row[i + half];
+          row[i] = a * c[i] - b * s[i];
+          row[i + half] = b * c[i + half] + a * s[i + half];
+        }
+      }
+    }
+  }
+}
+
+// RMSNorm of each row of x [rows, H] float32: x / sqrt(mean(x²) + eps) · weight, the sum of squares in float64 in
+// index order. Why: torch's float32 rms_norm is a chain of seven small calls (pow, mean, add, rsqrt, mul, mul, a
+// cast), about 12 µs per call on a decode pass's one row, 49 calls per forward of the draft. The result differs from
+// torch's in the last bits (another summation order) but, like everything here, not with the call's other rows.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "rms_norm: float32 only");
+  const int64_t H = x.size(-1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == H, "rms_norm: weight must be [hidden]");
+  auto input = x.contiguous();
+  auto w = weight.contiguous();
+  auto out = torch::empty_like(input);
+  const int64_t rows = H ? input.numel() / H : 0;
+  const float* xp = input.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = xp + r * H;
+    double squares = 0.0;
+    for (int64_t i = 0; i < H; ++i) squares += static_cast<double>(row[i]) * row[i];
+    const float inverse = static_cast<float>(1.0 / std::sqrt(squares / static_cast<double>(H) + eps));
+    for (int64_t i = 0; i < H; ++i) op[r * H + i] = (row[i] * inverse) * wp[i];
+  }
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows, each on its own", py::arg("x"), py::arg("weight"),
+        py::arg("eps"));
+  m.def("rotate_qk", &rotate_qk, "rotary position embedding of q and k in place, bit-identical to torch's ops",
+        py::arg("q"), py::arg("k"), py::arg("cos"), py::arg("sin"));
   m.def("attend", &attend, "attention one query at a time, independent of the call's other queries",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask") = py::none(), py::arg("scale"));
 }
