@@ -83,8 +83,8 @@ class LeanDecoder:
         # RMSNorm (each row on its own) of those passes; False keeps torch's ops (to measure what the kernels save).
         self.small_ops = True
 
-    def _norm(self, module: Any, x: torch.Tensor, per_query: bool) -> torch.Tensor:
-        if per_query and self.small_ops:  # decode and verify passes: one kernel call, each row on its own
+    def _norm(self, module: Any, x: torch.Tensor, in_kernel: bool) -> torch.Tensor:
+        if in_kernel:  # decode and verify passes on the per-query module: one call, each row on its own
             return self.query_kernel.rms_norm(x, module.weight, module.variance_epsilon)
         if x.dtype == torch.float32:  # one fused op, bit-identical to transformers' float32 RMSNorm (tested)
             return F.rms_norm(x, (self.hidden_size,), module.weight, module.variance_epsilon)
@@ -113,16 +113,18 @@ class LeanDecoder:
             causal = False
             mask, positions = tree[0].to(ids.device), tree[1].to(ids.device)
         cos, sin = self.inner.rotary_emb(x, positions.unsqueeze(0))  # [1, T, D] each
-        cos_rows, sin_rows = cos[0].contiguous(), sin[0].contiguous()  # [T, D]
+        small_ops = per_query and self.small_ops  # rotary and norms of this pass in the per-query module
+        if small_ops:
+            cos_rows, sin_rows = cos[0].contiguous(), sin[0].contiguous()  # [T, D]
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
-            h = self._norm(layer.input_layernorm, x, per_query)
+            h = self._norm(layer.input_layernorm, x, small_ops)
             q, k, v = self.qkv[index](h)
             q = q.view(1, length, self.heads, self.head_dim).transpose(1, 2)
             k = k.view(1, length, self.kv_heads, self.head_dim).transpose(1, 2)
             v = v.view(1, length, self.kv_heads, self.head_dim).transpose(1, 2)
-            if per_query and self.small_ops:  # the same bits in one kernel call instead of twelve elementwise ones
+            if small_ops:  # the same bits in one kernel call instead of twelve elementwise ones
                 self.query_kernel.rotate_qk(q, k, cos_rows, sin_rows)
             else:
                 q = q * cos + _rotate_half(q) * sin
@@ -134,9 +136,9 @@ class LeanDecoder:
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
                                                    enable_gqa=self.heads != self.kv_heads).transpose(1, 2)
             x = x + attn.o_proj.forward(o.reshape(1, length, self.heads * self.head_dim))
-            h = self._norm(layer.post_attention_layernorm, x, per_query)
+            h = self._norm(layer.post_attention_layernorm, x, small_ops)
             gate, up = self.gate_up[index](h)
             x = x + layer.mlp.down_proj.forward(layer.mlp.act_fn(gate) * up)
-        hidden = self._norm(self.inner.norm, x[0, -n_logits:], per_query)  # [n, H]: only the rows whose logits are used
+        hidden = self._norm(self.inner.norm, x[0, -n_logits:], small_ops)  # [n, H]: only the rows whose logits are used
         logits = self.model.lm_head.forward(hidden)  # [n, V]
         return logits, (hidden if return_hidden else None)
