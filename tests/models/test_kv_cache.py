@@ -36,6 +36,24 @@ def test_appends_crops_and_keeps_hold_what_concatenation_holds() -> None:
         assert cache.get_seq_length() == reference[0][0].shape[-2]
 
 
+def test_claim_makes_room_in_every_layer_and_keeps_what_was_filled() -> None:
+    cache = InPlaceKVCache(layers=2, initial_positions=3)
+    like = torch.empty(1, 2, 0, 4)
+    keys, values, start = cache.claim(2, like)  # no buffers yet: made from `like`
+    assert start == 0 and cache.lengths == [2, 2]
+    assert all(b.shape == (1, 2, 3, 4) for b in keys + values)
+    for layer in range(2):
+        keys[layer][..., :2, :] = layer + 1.0
+    keys, values, start = cache.claim(5, like)  # needs 7 positions: grows to 12, the two filled ones copied
+    assert start == 2 and cache.get_seq_length() == 7 and all(b.shape[-2] == 12 for b in keys + values)
+    assert all(torch.equal(keys[layer][..., :2, :], torch.full((1, 2, 2, 4), layer + 1.0)) for layer in range(2))
+    cache.crop(1)
+    assert cache.claim(1, like)[2] == 1 and cache.lengths == [2, 2]
+    cache.lengths = [2, 3]
+    with pytest.raises(ValueError, match="different numbers of positions"):
+        cache.claim(1, like)
+
+
 def test_bad_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match="layer"):
         InPlaceKVCache(layers=0)

@@ -62,11 +62,9 @@ def _back_to_back(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
     return first.new_empty(0).set_(storage, offset, (rows, *first.shape[1:]))
 
 
-def fused_projections(modules: Sequence[torch.nn.Module], fuse: bool = True
-                      ) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
-    """Return a callable giving each of `modules`' outputs for one shared input: runs of consecutive modules on
-    the 4-bit kernel (`Int4Linear`, same input size) as one `FusedInt4` call each (unless not `fuse`), any other
-    module on its own."""
+def projection_runs(modules: Sequence[torch.nn.Module], fuse: bool = True) -> list[list[torch.nn.Module]]:
+    """Split `modules` (read the same input, in output order) into runs that run as one call: consecutive modules on
+    the 4-bit kernel (`Int4Linear`, same input size) together (unless not `fuse`), any other module on its own."""
     runs: list[list[torch.nn.Module]] = []
     for module in modules:
         layer = getattr(module, "quantized", None)
@@ -76,8 +74,15 @@ def fused_projections(modules: Sequence[torch.nn.Module], fuse: bool = True
             runs[-1].append(module)
         else:
             runs.append([module])
+    return runs
+
+
+def fused_projections(modules: Sequence[torch.nn.Module], fuse: bool = True
+                      ) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+    """Return a callable giving each of `modules`' outputs for one shared input: each run of `projection_runs` of
+    several modules as one `FusedInt4` call, any other module on its own."""
     calls = [FusedInt4([m.quantized for m in run]) if len(run) > 1 else (lambda x, m=run[0]: (m.forward(x),))
-             for run in runs]
+             for run in projection_runs(modules, fuse)]
     if len(calls) == 1:
         return calls[0]
     return lambda x: tuple(out for call in calls for out in call(x))

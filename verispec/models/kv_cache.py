@@ -49,6 +49,21 @@ class InPlaceKVCache:
         self.lengths[layer] = end
         return k_buffer[..., :end, :], v_buffer[..., :end, :]
 
+    def claim(self, count: int, like: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+        """Make room for `count` positions after the filled ones in every layer and count them as filled; return
+        (keys, values, start): every layer's whole buffers [batch, kv_heads, room, head_dim] and the first new
+        position, for a caller that writes the new keys and values itself (`verispec.models.decoder_stack`).
+        `like` [batch, kv_heads, any, head_dim]: the buffers' shape and dtype where they do not exist yet."""
+        start = self.lengths[0]
+        if any(length != start for length in self.lengths):
+            raise ValueError(f"the layers hold different numbers of positions: {self.lengths}")
+        for layer in range(len(self.keys)):
+            held = self.keys[layer]
+            if held is None or held.shape[-2] < start + count:
+                self._grow(layer, start + count, like, like)
+        self.lengths = [start + count] * len(self.lengths)
+        return self.keys, self.values, start  # type: ignore[return-value]  # every layer has buffers now
+
     def _grow(self, layer: int, needed: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Give `layer` buffers with room for at least `needed` positions, the filled ones copied over."""
         room = self.initial_positions

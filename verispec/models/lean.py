@@ -23,7 +23,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from verispec.models.decoder_stack import decoder_stack
 from verispec.models.fused import fused_projections
+from verispec.models.kv_cache import InPlaceKVCache
 from verispec.models.query_attention import attention_kernel
 
 # The model types whose layer structure this loop reproduces (checked against transformers 5's modeling files)
@@ -82,6 +84,10 @@ class LeanDecoder:
         # Where attention runs one query at a time, its module also runs the rotary embedding (the same bits) and
         # RMSNorm (each row on its own) of those passes; False keeps torch's ops (to measure what the kernels save).
         self.small_ops = True
+        # Where every projection runs on verispec's kernels, those passes run all layers as one C++ call (the same
+        # bits: `verispec.models.decoder_stack`) when the cache is an InPlaceKVCache; False: step by step, to measure.
+        self.stack = decoder_stack(model, self.layers, fuse) if self.query_kernel is not None else None
+        self.whole_stack = True
 
     def _norm(self, module: Any, x: torch.Tensor, in_kernel: bool) -> torch.Tensor:
         if in_kernel:  # decode and verify passes on the per-query module: one call, each row on its own
@@ -116,6 +122,10 @@ class LeanDecoder:
         small_ops = per_query and self.small_ops  # rotary and norms of this pass in the per-query module
         if small_ops:
             cos_rows, sin_rows = cos[0].contiguous(), sin[0].contiguous()  # [T, D]
+            if self.stack is not None and self.whole_stack and isinstance(cache, InPlaceKVCache):
+                keys, values, start = cache.claim(length, x.new_empty(1, self.kv_heads, 0, self.head_dim))
+                x = self.stack.forward(x[0], keys, values, start, cos_rows, sin_rows, mask)[None]
+                return self._head(x, n_logits, return_hidden, small_ops)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -139,6 +149,10 @@ class LeanDecoder:
             h = self._norm(layer.post_attention_layernorm, x, small_ops)
             gate, up = self.gate_up[index](h)
             x = x + layer.mlp.down_proj.forward(layer.mlp.act_fn(gate) * up)
+        return self._head(x, n_logits, return_hidden, small_ops)
+
+    def _head(self, x: torch.Tensor, n_logits: int, return_hidden: bool, small_ops: bool
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
         hidden = self._norm(self.inner.norm, x[0, -n_logits:], small_ops)  # [n, H]: only the rows whose logits are used
         logits = self.model.lm_head.forward(hidden)  # [n, V]
         return logits, (hidden if return_hidden else None)

@@ -165,6 +165,56 @@ void exp_shifted(float* __restrict s, int64_t n, float shift) {
 
 }  // namespace
 
+// The attention core on raw pointers, for attend below and for verispec/native/decoder.cpp (which includes this file):
+// query h of token i at qp + h * qs_head + i * qs_token, key (value) j of key-value head g at kp + g * ks_head +
+// j * ks_row (vp, vs_head, vs_row); output row i, head h at op + (i * heads + h) * D. `visible` [T, S] or null
+// (causal after the cached S - T).
+void attend_rows(const float* qp, int64_t qs_head, int64_t qs_token, const float* kp, int64_t ks_head, int64_t ks_row,
+                 const float* vp, int64_t vs_head, int64_t vs_row, const bool* visible, int64_t heads, int64_t kv_heads,
+                 int64_t T, int64_t S, int64_t D, float scale, float* op) {
+  const int64_t group = heads / kv_heads;
+  // One work item per (key-value head, query): the group of query heads sharing that key-value head, so that each
+  // key and value row is read once per item. Every head's arithmetic is the same whatever the call's other queries.
+  at::parallel_for(0, kv_heads * T, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(group * S), acc(group * D);
+    std::vector<int64_t> keys(S);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t g = item / T, i = item % T;
+      const float* queries = qp + g * group * qs_head + i * qs_token;
+      const float* kh = kp + g * ks_head;
+      const float* vh = vp + g * vs_head;
+      int64_t n = 0;
+      if (visible != nullptr) {
+        for (int64_t j = 0; j < S; ++j)
+          if (visible[i * S + j]) keys[n++] = j;
+      } else {
+        for (int64_t j = 0; j <= S - T + i; ++j) keys[n++] = j;
+      }
+      float* o = op + (i * heads + g * group) * D;  // the group's heads are adjacent in the output row
+      if (n == 0) {
+        std::fill(o, o + group * D, 0.f);
+        continue;
+      }
+      head_blocks(group, [&]<int64_t H>(int64_t h) {
+        dots<H>(queries + h * qs_head, qs_head, kh, ks_row, keys.data(), n, D, scale, scores.data() + h * n);
+      });
+      std::vector<float> total(group);
+      for (int64_t h = 0; h < group; ++h) {
+        float* s = scores.data() + h * n;
+        exp_shifted(s, n, maximum(s, n));
+        total[h] = sum(s, n);
+      }
+      head_blocks(group, [&]<int64_t H>(int64_t h) {
+        weighted_sums<H>(scores.data() + h * n, n, vh, vs_row, keys.data(), D, acc.data() + h * D);
+      });
+      for (int64_t h = 0; h < group; ++h) {
+        const float inverse = 1.f / total[h];
+        for (int64_t d = 0; d < D; ++d) o[h * D + d] = acc[h * D + d] * inverse;
+      }
+    }
+  });
+}
+
 torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                      const c10::optional<torch::Tensor>& mask, double scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attend: q, k, v must be [1, heads, tokens, dim]");
@@ -185,53 +235,9 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
     visible = m.data_ptr<bool>();
   }
   auto out = torch::empty({1, T, heads, D}, q.options());
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t group = heads / kv_heads;
-  const float fscale = static_cast<float>(scale);
-  // One work item per (key-value head, query): the group of query heads sharing that key-value head, so that each
-  // key and value row is read once per item. Every head's arithmetic is the same whatever the call's other queries.
-  at::parallel_for(0, kv_heads * T, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(group * S), acc(group * D);
-    std::vector<int64_t> keys(S);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t g = item / T, i = item % T;
-      const float* queries = qp + g * group * q.stride(1) + i * q.stride(2);
-      const float* kh = kp + g * k.stride(1);
-      const float* vh = vp + g * v.stride(1);
-      int64_t n = 0;
-      if (visible != nullptr) {
-        for (int64_t j = 0; j < S; ++j)
-          if (visible[i * S + j]) keys[n++] = j;
-      } else {
-        for (int64_t j = 0; j <= S - T + i; ++j) keys[n++] = j;
-      }
-      float* o = op + (i * heads + g * group) * D;  // the group's heads are adjacent in the output row
-      if (n == 0) {
-        std::fill(o, o + group * D, 0.f);
-        continue;
-      }
-      const int64_t qs = q.stride(1), ks = k.stride(2), vs = v.stride(2);
-      head_blocks(group, [&]<int64_t H>(int64_t h) {
-        dots<H>(queries + h * qs, qs, kh, ks, keys.data(), n, D, fscale, scores.data() + h * n);
-      });
-      std::vector<float> total(group);
-      for (int64_t h = 0; h < group; ++h) {
-        float* s = scores.data() + h * n;
-        exp_shifted(s, n, maximum(s, n));
-        total[h] = sum(s, n);
-      }
-      head_blocks(group, [&]<int64_t H>(int64_t h) {
-        weighted_sums<H>(scores.data() + h * n, n, vh, vs, keys.data(), D, acc.data() + h * D);
-      });
-      for (int64_t h = 0; h < group; ++h) {
-        const float inverse = 1.f / total[h];
-        for (int64_t d = 0; d < D; ++d) o[h * D + d] = acc[h * D + d] * inverse;
-      }
-    }
-  });
+  attend_rows(q.data_ptr<float>(), q.stride(1), q.stride(2), k.data_ptr<float>(), k.stride(1), k.stride(2),
+              v.data_ptr<float>(), v.stride(1), v.stride(2), visible, heads, kv_heads, T, S, D,
+              static_cast<float>(scale), out.data_ptr<float>());
   return out;
 }
 
@@ -240,40 +246,55 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
 // per layer, each paying a dispatch larger than its arithmetic in a decode pass. Every product and sum is rounded as
 // torch's separate calls round them (no fused multiply-add, hence the attribute), so the bits are the same.
 // q [1, heads, T, D], k [1, kv_heads, T, D] (any strides, the last dimension contiguous); cos, sin [T, D] contiguous.
-__attribute__((optimize("fp-contract=off"))) void rotate_qk(torch::Tensor q, torch::Tensor k,
-                                                            const torch::Tensor& cos, const torch::Tensor& sin) {
+// One tensor's rotation: head h of token t at base + h * head_stride + t * token_stride; cos, sin [T, D].
+__attribute__((optimize("fp-contract=off"))) void rotate_rows(float* base, int64_t heads, int64_t head_stride,
+                                                              int64_t T, int64_t token_stride, int64_t D,
+                                                              const float* cp, const float* sp) {
+  const int64_t half = D / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = base + h * head_stride + t * token_stride;
+      const float* c = cp + t * D;
+      const float* s = sp + t * D;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = row[i], b = row[i + half];
+        row[i] = a * c[i] - b * s[i];
+        row[i + half] = b * c[i + half] + a * s[i + half];
+      }
+    }
+  }
+}
+
+// q [1, heads, T, D], k [1, kv_heads, T, D] (any strides, the last dimension contiguous); cos, sin [T, D] contiguous.
+void rotate_qk(torch::Tensor q, torch::Tensor k, const torch::Tensor& cos, const torch::Tensor& sin) {
   for (const torch::Tensor* x : {&q, &k}) {
     TORCH_CHECK(x->dim() == 4 && x->size(0) == 1 && x->scalar_type() == at::kFloat && x->stride(3) == 1,
                 "rotate_qk: q and k must be [1, heads, tokens, dim] float32 with the last dimension contiguous");
   }
-  const int64_t T = q.size(2), D = q.size(3), half = D / 2;
+  const int64_t T = q.size(2), D = q.size(3);
   TORCH_CHECK(D % 2 == 0 && k.size(2) == T && k.size(3) == D, "rotate_qk: q and k must share tokens and an even dim");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
                   sin.scalar_type() == at::kFloat && cos.numel() == T * D && sin.numel() == T * D,
               "rotate_qk: cos and sin must be [tokens, dim] float32, contiguous");
-  const float* cp = cos.data_ptr<float>();
-  const float* sp = sin.data_ptr<float>();
-  for (torch::Tensor* x : {&q, &k}) {
-    float* base = x->data_ptr<float>();
-    for (int64_t h = 0; h < x->size(1); ++h) {
-      for (int64_t t = 0; t < T; ++t) {
-        float* row = base + h * x->stride(1) + t * x->stride(2);
-        const float* c = cp + t * D;
-        const float* s = sp + t * D;
-        for (int64_t i = 0; i < half; ++i) {
-          const float a = row[i], b = row[i + half];
-          row[i] = a * c[i] - b * s[i];
-          row[i + half] = b * c[i + half] + a * s[i + half];
-        }
-      }
-    }
-  }
+  for (torch::Tensor* x : {&q, &k})
+    rotate_rows(x->data_ptr<float>(), x->size(1), x->stride(1), T, x->stride(2), D, cos.data_ptr<float>(),
+                sin.data_ptr<float>());
 }
 
 // RMSNorm of each row of x [rows, H] float32: x / sqrt(mean(x²) + eps) · weight, the sum of squares in float64 in
 // index order. Why: torch's float32 rms_norm is a chain of seven small calls (pow, mean, add, rsqrt, mul, mul, a
 // cast), about 12 µs per call on a decode pass's one row, 49 calls per forward of the draft. The result differs from
 // torch's in the last bits (another summation order) but, like everything here, not with the call's other rows.
+void rms_norm_rows(const float* xp, int64_t rows, int64_t H, const float* wp, double eps, float* op) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = xp + r * H;
+    double squares = 0.0;
+    for (int64_t i = 0; i < H; ++i) squares += static_cast<double>(row[i]) * row[i];
+    const float inverse = static_cast<float>(1.0 / std::sqrt(squares / static_cast<double>(H) + eps));
+    for (int64_t i = 0; i < H; ++i) op[r * H + i] = (row[i] * inverse) * wp[i];
+  }
+}
+
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "rms_norm: float32 only");
   const int64_t H = x.size(-1);
@@ -282,19 +303,11 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   auto w = weight.contiguous();
   auto out = torch::empty_like(input);
   const int64_t rows = H ? input.numel() / H : 0;
-  const float* xp = input.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = xp + r * H;
-    double squares = 0.0;
-    for (int64_t i = 0; i < H; ++i) squares += static_cast<double>(row[i]) * row[i];
-    const float inverse = static_cast<float>(1.0 / std::sqrt(squares / static_cast<double>(H) + eps));
-    for (int64_t i = 0; i < H; ++i) op[r * H + i] = (row[i] * inverse) * wp[i];
-  }
+  rms_norm_rows(input.data_ptr<float>(), rows, H, w.data_ptr<float>(), eps, out.data_ptr<float>());
   return out;
 }
 
+#ifndef VERISPEC_NO_MODULE  // decoder.cpp includes this file and defines its own module
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows, each on its own", py::arg("x"), py::arg("weight"),
         py::arg("eps"));
@@ -303,3 +316,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "attention one query at a time, independent of the call's other queries",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask") = py::none(), py::arg("scale"));
 }
+#endif

@@ -14,11 +14,12 @@ from verispec.errors import ConfigError
 
 @functools.cache
 def load_native(source: Path, name: str, portable: bool = False, instead: str = "",
-                extra_flags: tuple[str, ...] = ()) -> Any:
+                extra_flags: tuple[str, ...] = (), includes: tuple[Path, ...] = ()) -> Any:
     """Build (once, cached) and return the torch extension module compiled from `source`: for this CPU
     (`-march=native`), or `portable` (x86-64-v2: no AVX-512, to test that the generic code agrees). A failed build
     raises ConfigError naming the source, the first compiler error and `instead` (what the user can run without it).
-    `extra_flags`: more compiler flags (part of the cache key)."""
+    `extra_flags`: more compiler flags (part of the cache key). `includes`: the sources `source` includes (their
+    text is part of the cache key too, so that editing one rebuilds)."""
     from torch.utils import cpp_extension  # imported here: it pulls in the compiler tooling
 
     from verispec.models.cache import cache_dir
@@ -29,7 +30,8 @@ def load_native(source: Path, name: str, portable: bool = False, instead: str = 
     # calls resolve to the runtime torch itself loads, so torch.set_num_threads governs the kernels and no second
     # pool spins.
     flags = ["-O3", f"-march={arch}", "-fopenmp", *extra_flags]
-    tag = hashlib.sha256(source.read_bytes() + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:12]
+    text = source.read_bytes() + b"".join(path.read_bytes() for path in includes)
+    tag = hashlib.sha256(text + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:12]
     build = cache_dir() / "native" / f"{name}-{tag}"
     build.mkdir(parents=True, exist_ok=True)
     try:

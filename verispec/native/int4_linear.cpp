@@ -240,11 +240,11 @@ struct TokenQuant {
   torch::Tensor q, scale, sums;
 };
 
-TokenQuant quantize(const torch::Tensor& x) {
-  const int64_t T = x.size(0), K = x.size(1);
-  TokenQuant a{torch::empty({T, K}, x.options().dtype(torch::kInt8)), torch::empty({T}, x.options()),
-               torch::empty({T, K / kGroup}, x.options())};
-  quantize_rows(x.data_ptr<float>(), T, K, a.q.data_ptr<int8_t>(), a.scale.data_ptr<float>(), a.sums.data_ptr<float>());
+TokenQuant quantize_raw(const float* x, int64_t T, int64_t K) {
+  const auto options = torch::TensorOptions().dtype(torch::kFloat32);
+  TokenQuant a{torch::empty({T, K}, options.dtype(torch::kInt8)), torch::empty({T}, options),
+               torch::empty({T, K / kGroup}, options)};
+  quantize_rows(x, T, K, a.q.data_ptr<int8_t>(), a.scale.data_ptr<float>(), a.sums.data_ptr<float>());
   return a;
 }
 
@@ -279,33 +279,75 @@ void check_x_and_bias(const torch::Tensor& x, const torch::Tensor& bias, int64_t
 
 }  // namespace
 
-// x [T, K] float32 (contiguous); packed [N/64, K/32, 4, 320] uint8 (see the layout above); bias [N] float32 or
-// empty. Returns [T, N] float32.
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kQuad && packed.size(3) == kCell &&
-                  packed.scalar_type() == torch::kUInt8 && packed.is_contiguous(), "packed: [N/64, K/32, 4, 320] uint8");
-  const int64_t NQ = packed.size(0), G = packed.size(1), N = NQ * kQuad * kRows;
-  check_x_and_bias(x, bias, N);
-  const int64_t T = x.size(0), K = x.size(1);
-  TORCH_CHECK(G * kGroup == K, "x has ", K, " inputs, the weights ", G * kGroup);
-  auto y = torch::empty({T, N}, x.options());
-  if (T == 0) return y;
-  const TokenQuant a = quantize(x);
-  const uint8_t* pk = packed.data_ptr<uint8_t>();
-  const float* bs = bias.numel() > 0 ? bias.data_ptr<float>() : nullptr;
+// The two paths' cores on raw rows, for the checked entry points below and for verispec/native/decoder.cpp (which
+// includes this file): x [T, K] float32 contiguous; out[t * ldo + n] receives output n of token t.
+void linear_rows(const float* x, int64_t T, int64_t K, const uint8_t* pk, int64_t NQ, const float* bs, float* out,
+                 int64_t ldo) {
+  if (T == 0) return;
+  const int64_t G = K / kGroup;
+  const TokenQuant a = quantize_raw(x, T, K);
   const int8_t* q = a.q.data_ptr<int8_t>();
   const float* s = a.scale.data_ptr<float>();
   const float* sums = a.sums.data_ptr<float>();
-  float* out = y.data_ptr<float>();
   over_tiles<float>(
       NQ, T,
       [&](int64_t nq, int r0, int64_t t0, int tt, float* acc) {
         kTiles[tt](pk + nq * G * kQuadGroup + r0 * kCell, G, q + t0 * K, K, sums + t0 * G, acc);
       },
       [&](int64_t n0, int64_t t, const float* acc) {
-        float* row = out + t * N + n0;
+        float* row = out + t * ldo + n0;
         for (int j = 0; j < kRows; ++j) row[j] = std::fma(acc[j], s[t], bs ? bs[n0 + j] : 0.0f);
       });
+}
+
+void linear8_rows(const float* x, int64_t T, int64_t K, const uint8_t* pk, int64_t NQ, const float* ws,
+                  const int32_t* rs, const float* bs, float* out, int64_t ldo) {
+  if (T == 0) return;
+  const int64_t C = K / kGroup;
+  const TokenQuant a = quantize_raw(x, T, K);
+  const int8_t* q = a.q.data_ptr<int8_t>();
+  const float* s = a.scale.data_ptr<float>();
+  over_tiles<int32_t>(
+      NQ, T,
+      [&](int64_t nq, int r0, int64_t t0, int tt, int32_t* acc) {
+        kTiles8[tt](pk + nq * C * kQuadChunk8 + r0 * kCell8, C, q + t0 * K, K, acc);
+      },
+      [&](int64_t n0, int64_t t, const int32_t* acc) {
+        float* row = out + t * ldo + n0;
+        for (int j = 0; j < kRows; ++j) {
+          const float dot = static_cast<float>(acc[j] - 128 * rs[n0 + j]);  // exact: |.| < 2^31
+          row[j] = std::fma(dot, ws[n0 + j] * s[t], bs ? bs[n0 + j] : 0.0f);
+        }
+      });
+}
+
+// Checks of the packed weights' layout shared by the entry points here and the decoder stack's constructor.
+void check_packed4(const torch::Tensor& packed) {
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kQuad && packed.size(3) == kCell &&
+                  packed.scalar_type() == torch::kUInt8 && packed.is_contiguous(), "packed: [N/64, K/32, 4, 320] uint8");
+}
+
+void check_packed8(const torch::Tensor& packed, const torch::Tensor& scale, const torch::Tensor& rowsum) {
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kQuad && packed.size(3) == kCell8 &&
+                  packed.scalar_type() == torch::kInt8 && packed.is_contiguous(), "packed: [N/64, K/32, 4, 512] int8");
+  const int64_t N = packed.size(0) * kQuad * kRows;
+  TORCH_CHECK(packed.size(1) * kGroup <= 65536, "the 8-bit path sums in int32: at most 65536 inputs, got ",
+              packed.size(1) * kGroup);
+  TORCH_CHECK(scale.numel() == N && scale.scalar_type() == torch::kFloat32 && scale.is_contiguous(), "scale: [N] fp32");
+  TORCH_CHECK(rowsum.numel() == N && rowsum.scalar_type() == torch::kInt32 && rowsum.is_contiguous(), "rowsum: [N] int32");
+}
+
+// x [T, K] float32 (contiguous); packed [N/64, K/32, 4, 320] uint8 (see the layout above); bias [N] float32 or
+// empty. Returns [T, N] float32.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
+  check_packed4(packed);
+  const int64_t NQ = packed.size(0), G = packed.size(1), N = NQ * kQuad * kRows;
+  check_x_and_bias(x, bias, N);
+  const int64_t T = x.size(0), K = x.size(1);
+  TORCH_CHECK(G * kGroup == K, "x has ", K, " inputs, the weights ", G * kGroup);
+  auto y = torch::empty({T, N}, x.options());
+  linear_rows(x.data_ptr<float>(), T, K, packed.data_ptr<uint8_t>(), NQ,
+              bias.numel() > 0 ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), N);
   return y;
 }
 
@@ -313,37 +355,15 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
 // (per row); rowsum [N] int32 (the row's weight sum); bias [N] float32 or empty. Returns [T, N] float32.
 torch::Tensor linear8(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale,
                       const torch::Tensor& rowsum, const torch::Tensor& bias) {
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kQuad && packed.size(3) == kCell8 &&
-                  packed.scalar_type() == torch::kInt8 && packed.is_contiguous(), "packed: [N/64, K/32, 4, 512] int8");
+  check_packed8(packed, scale, rowsum);
   const int64_t NQ = packed.size(0), C = packed.size(1), N = NQ * kQuad * kRows;
   check_x_and_bias(x, bias, N);
   const int64_t T = x.size(0), K = x.size(1);
   TORCH_CHECK(C * kGroup == K, "x has ", K, " inputs, the weights ", C * kGroup);
-  TORCH_CHECK(K <= 65536, "the 8-bit path sums in int32: at most 65536 inputs, got ", K);
-  TORCH_CHECK(scale.numel() == N && scale.scalar_type() == torch::kFloat32 && scale.is_contiguous(), "scale: [N] fp32");
-  TORCH_CHECK(rowsum.numel() == N && rowsum.scalar_type() == torch::kInt32 && rowsum.is_contiguous(), "rowsum: [N] int32");
   auto y = torch::empty({T, N}, x.options());
-  if (T == 0) return y;
-  const TokenQuant a = quantize(x);
-  const uint8_t* pk = reinterpret_cast<const uint8_t*>(packed.data_ptr<int8_t>());
-  const float* ws = scale.data_ptr<float>();
-  const int32_t* rs = rowsum.data_ptr<int32_t>();
-  const float* bs = bias.numel() > 0 ? bias.data_ptr<float>() : nullptr;
-  const int8_t* q = a.q.data_ptr<int8_t>();
-  const float* s = a.scale.data_ptr<float>();
-  float* out = y.data_ptr<float>();
-  over_tiles<int32_t>(
-      NQ, T,
-      [&](int64_t nq, int r0, int64_t t0, int tt, int32_t* acc) {
-        kTiles8[tt](pk + nq * C * kQuadChunk8 + r0 * kCell8, C, q + t0 * K, K, acc);
-      },
-      [&](int64_t n0, int64_t t, const int32_t* acc) {
-        float* row = out + t * N + n0;
-        for (int j = 0; j < kRows; ++j) {
-          const float dot = static_cast<float>(acc[j] - 128 * rs[n0 + j]);  // exact: |.| < 2^31
-          row[j] = std::fma(dot, ws[n0 + j] * s[t], bs ? bs[n0 + j] : 0.0f);
-        }
-      });
+  linear8_rows(x.data_ptr<float>(), T, K, reinterpret_cast<const uint8_t*>(packed.data_ptr<int8_t>()), NQ,
+               scale.data_ptr<float>(), rowsum.data_ptr<int32_t>(), bias.numel() > 0 ? bias.data_ptr<float>() : nullptr,
+               y.data_ptr<float>(), N);
   return y;
 }
 
@@ -363,9 +383,11 @@ int64_t parallel_threads() {
   return most.load();
 }
 
+#ifndef VERISPEC_NO_MODULE  // decoder.cpp includes this file and defines its own module
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "4-bit-weight, per-token int8-activation linear");
   m.def("linear8", &linear8, "int8-weight (per-row scale), per-token int8-activation linear");
   m.def("vnni", &vnni, "whether this build uses AVX-512 VNNI");
   m.def("parallel_threads", &parallel_threads, "the most threads one parallel region of this build ran on");
 }
+#endif
