@@ -19,6 +19,15 @@ def test_greedy_is_a_point_mass_on_the_argmax():
     assert probs.tolist() == [[0.0, 0.0, 0.0, 0.0, 1.0]]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_greedy_is_a_float64_point_mass_whatever_the_logits_dtype(dtype):
+    logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(1)).to(dtype)
+    probs = process_logits(logits, SamplingConfig())
+    assert probs.dtype == torch.float64 and probs.shape == (3, 1000)
+    expected = torch.zeros(3, 1000, dtype=torch.float64).scatter_(-1, logits.double().argmax(-1, keepdim=True), 1.0)
+    assert torch.equal(probs, expected)
+
+
 def test_greedy_ties_go_to_the_lowest_token_id():
     probs = process_logits(torch.tensor([[1.0, 5.0, 5.0]]), SamplingConfig())
     assert probs.tolist() == [[0.0, 1.0, 0.0]]

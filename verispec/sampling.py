@@ -42,12 +42,14 @@ class SamplingConfig:
 
 def process_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     """Return the float64 probabilities sampled from, for logits `[..., V]` (rows sum to 1)."""
-    logits = logits.to(torch.float64)
     if config.greedy:
-        # A point mass: the verification rules then reduce to "accept iff the argmaxes agree".
-        probs = torch.zeros_like(logits)
+        # A point mass: the verification rules then reduce to "accept iff the argmaxes agree". The argmax is taken
+        # on the logits as they come (widening to float64 is exact, so it is the same index), without a float64
+        # copy of them: 0.26 against 1.26 ms per 151,936-token row, once per drafted token and verified row.
+        probs = torch.zeros(logits.shape, dtype=torch.float64, device=logits.device)
         probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
         return probs
+    logits = logits.to(torch.float64)
     scaled = logits / config.temperature
     # Dividing by T < 1 can overflow a finite logit (T ≈ 1e-320), and inf - inf would make softmax NaN; division
     # keeps infinities and NaNs as they are, so an overflow shows as fewer finite entries (counted: cheaper than
