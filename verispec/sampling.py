@@ -50,7 +50,7 @@ def process_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor
         probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
         return probs
     logits = logits.to(torch.float64)
-    scaled = logits / config.temperature
+    scaled = logits if config.temperature == 1.0 else logits / config.temperature  # nothing is mutated below
     # Dividing by T < 1 can overflow a finite logit (T ≈ 1e-320), and inf - inf would make softmax NaN; division
     # keeps infinities and NaNs as they are, so an overflow shows as fewer finite entries (counted: cheaper than
     # selecting the finite ones). Shifting the row max to 0 first gives the T -> 0 limit of the tempered law
