@@ -9,7 +9,7 @@ import torch
 
 from tests.stats import chi_square_pvalue
 from verispec.errors import ConfigError
-from verispec.sampling import SamplingConfig, process_logits, sample
+from verispec.sampling import SamplingConfig, draw, first_argmax, process_logits, sample
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.0, -1.0, 3.0]])
 
@@ -26,6 +26,24 @@ def test_greedy_is_a_float64_point_mass_whatever_the_logits_dtype(dtype):
     assert probs.dtype == torch.float64 and probs.shape == (3, 1000)
     expected = torch.zeros(3, 1000, dtype=torch.float64).scatter_(-1, logits.double().argmax(-1, keepdim=True), 1.0)
     assert torch.equal(probs, expected)
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 7), (2, 3, 7)])
+def test_first_argmax_is_torchs_argmax_with_ties_to_the_lowest_index(shape):
+    rows = torch.randint(0, 3, shape, generator=torch.Generator().manual_seed(2)).float()  # many ties
+    for x in (rows, rows.double(), rows.bfloat16()):
+        assert torch.equal(first_argmax(x), x.argmax(dim=-1, keepdim=True))
+
+
+def test_draw_takes_a_point_mass_token_without_a_random_draw_and_samples_otherwise():
+    q = torch.zeros(9, dtype=torch.float64)
+    q[6] = 1.0
+    gen = torch.Generator().manual_seed(0)
+    state = gen.get_state()
+    assert draw(q, SamplingConfig(), gen) == 6 and torch.equal(gen.get_state(), state)
+    probs = torch.softmax(torch.randn(9, generator=gen, dtype=torch.float64), dim=0)
+    expected = sample(probs, torch.Generator().manual_seed(5))
+    assert draw(probs, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(5)) == expected
 
 
 def test_greedy_ties_go_to_the_lowest_token_id():

@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 
 from verispec.models.protocol import CausalLM
-from verispec.sampling import SamplingConfig, process_logits, sample
+from verispec.sampling import SamplingConfig, draw, process_logits
 
 
 @dataclass
@@ -91,7 +91,7 @@ def draft_paths(
     forwards, fed = 1, len(new)
     rows = [q_root.expand(n_paths, -1)]  # [K, V] per depth
     for path in paths:
-        path.append(sample(q_root[0], generator))
+        path.append(draw(q_root[0], sampling, generator))
     scores: list[float] = []
     hiddens: list[torch.Tensor] = []
     if keep_hidden:
@@ -114,7 +114,7 @@ def draft_paths(
         q_depth = process_logits(out.logits, sampling)  # [K, V]
         for k, path in enumerate(paths):
             positions[k].append(start + k)
-            path.append(sample(q_depth[k], generator))
+            path.append(draw(q_depth[k], sampling, generator))
         rows.append(q_depth)
         if keep_hidden:
             hiddens.append(out.hidden[0])

@@ -8,9 +8,9 @@ records), and a speculative decode runs thousands of such forwards. This loop ca
 `scaled_dot_product_attention` call per layer (or, on the int4 and int8 paths, verispec's kernel that attends one
 query at a time: `verispec.models.query_attention`); it writes the KV cache in place (`verispec.models.kv_cache`;
 transformers' `DynamicCache` works too). Where every projection runs on verispec's kernels, those one-query-at-a-time
-passes run all layers as one C++ call instead, with the same bits (`verispec.models.decoder_stack`). With torch's attention, logits and hidden states are bit-identical to
-transformers' forward (tested in float32, bfloat16 and float64; other dtypes than float32 run the norm modules
-themselves, so they follow transformers' upcasting).
+passes run all layers as one C++ call instead, with the same bits (`verispec.models.decoder_stack`). With torch's
+attention, logits and hidden states are bit-identical to transformers' forward (tested in float32, bfloat16 and
+float64; other dtypes than float32 run the norm modules themselves, so they follow transformers' upcasting).
 
 Only architectures whose layers are exactly "norm, attention with rotary embedding, residual, norm, gated MLP,
 residual" with full attention in every layer are run here (`lean_support`); anything else (sliding windows,
