@@ -50,7 +50,7 @@ class Counting:
         return self.stack.forward(*args)
 
 
-def session(m: HFCausalLM) -> list[torch.Tensor]:
+def passes(m: HFCausalLM) -> list[torch.Tensor]:
     """Logits and hidden states of a prompt, a block, one token, a rollback, a tree and a tree rollback; then every
     layer's filled keys and values."""
     m.reset()
@@ -78,10 +78,10 @@ def test_the_stack_gives_the_loops_bits(kind):
     lean = m._lean
     assert lean.stack is not None and len(lean.stack) == 2
     counting = lean.stack = Counting(lean.stack)
-    with_stack = session(m)
+    with_stack = passes(m)
     assert counting.calls == 6  # every pass above is a decode or verify pass
     lean.whole_stack = False
-    step_by_step = session(m)
+    step_by_step = passes(m)
     assert counting.calls == 6
     assert len(with_stack) == len(step_by_step) == 8 + 2 * 2
     for got, expected in zip(with_stack, step_by_step, strict=True):
