@@ -165,6 +165,22 @@ void exp_shifted(float* __restrict s, int64_t n, float shift) {
 
 }  // namespace
 
+// The checks the per-query entry points here and the decoder stack (decoder.cpp) share: a [T, S] bool mask, made
+// contiguous (undefined when absent), and the rotary cos and sin tables [T, D] float32, contiguous.
+torch::Tensor checked_mask(const c10::optional<torch::Tensor>& mask, int64_t T, int64_t S, const char* caller) {
+  if (!mask.has_value()) return torch::Tensor();
+  torch::Tensor m = mask->contiguous();
+  TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 2 && m.size(0) == T && m.size(1) == S, caller,
+              ": mask must be [tokens, keys] bool (", T, " x ", S, ")");
+  return m;
+}
+
+void check_rotary_table(const torch::Tensor& cos, const torch::Tensor& sin, int64_t T, int64_t D, const char* caller) {
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
+                  sin.scalar_type() == at::kFloat && cos.numel() == T * D && sin.numel() == T * D,
+              caller, ": cos and sin must be [tokens, dim] float32, contiguous");
+}
+
 // The attention core on raw pointers, for attend below and for verispec/native/decoder.cpp (which includes this file):
 // query h of token i at qp + h * qs_head + i * qs_token, key (value) j of key-value head g at kp + g * ks_head +
 // j * ks_row (vp, vs_head, vs_row); output row i, head h at op + (i * heads + h) * D. `visible` [T, S] or null
@@ -226,14 +242,8 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attend: heads must be a multiple of kv_heads");
   TORCH_CHECK(k.size(3) == D && v.size(3) == D && v.size(1) == kv_heads && v.size(2) == S, "attend: shape mismatch");
   TORCH_CHECK(S >= T, "attend: fewer keys than queries");
-  const bool* visible = nullptr;
-  torch::Tensor m;
-  if (mask.has_value()) {
-    m = mask->contiguous();
-    TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 2 && m.size(0) == T && m.size(1) == S,
-                "attend: mask must be [tokens, keys] bool");
-    visible = m.data_ptr<bool>();
-  }
+  const torch::Tensor m = checked_mask(mask, T, S, "attend");
+  const bool* visible = m.defined() ? m.data_ptr<bool>() : nullptr;
   auto out = torch::empty({1, T, heads, D}, q.options());
   attend_rows(q.data_ptr<float>(), q.stride(1), q.stride(2), k.data_ptr<float>(), k.stride(1), k.stride(2),
               v.data_ptr<float>(), v.stride(1), v.stride(2), visible, heads, kv_heads, T, S, D,
@@ -273,9 +283,7 @@ void rotate_qk(torch::Tensor q, torch::Tensor k, const torch::Tensor& cos, const
   }
   const int64_t T = q.size(2), D = q.size(3);
   TORCH_CHECK(D % 2 == 0 && k.size(2) == T && k.size(3) == D, "rotate_qk: q and k must share tokens and an even dim");
-  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
-                  sin.scalar_type() == at::kFloat && cos.numel() == T * D && sin.numel() == T * D,
-              "rotate_qk: cos and sin must be [tokens, dim] float32, contiguous");
+  check_rotary_table(cos, sin, T, D, "rotate_qk");
   for (torch::Tensor* x : {&q, &k})
     rotate_rows(x->data_ptr<float>(), x->size(1), x->stride(1), T, x->stride(2), D, cos.data_ptr<float>(),
                 sin.data_ptr<float>());

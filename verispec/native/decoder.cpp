@@ -136,17 +136,9 @@ class DecoderStack {
         TORCH_CHECK(b.dim() == 4 && b.size(0) == 1 && b.size(1) == kv_heads_ && b.size(2) >= S && b.size(3) == D &&
                         b.scalar_type() == torch::kFloat32 && b.is_contiguous(),
                     "decoder stack: cache buffers must be [1, kv_heads, >= start + tokens, head_dim] float32 contiguous");
-    TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == torch::kFloat32 &&
-                    sin.scalar_type() == torch::kFloat32 && cos.numel() == T * D && sin.numel() == T * D,
-                "decoder stack: cos and sin must be [tokens, head_dim] float32, contiguous");
-    const bool* visible = nullptr;
-    torch::Tensor m;
-    if (mask.has_value()) {
-      m = mask->contiguous();
-      TORCH_CHECK(m.scalar_type() == torch::kBool && m.dim() == 2 && m.size(0) == T && m.size(1) == S,
-                  "decoder stack: mask must be [tokens, start + tokens] bool");
-      visible = m.data_ptr<bool>();
-    }
+    check_rotary_table(cos, sin, T, D, "decoder stack");
+    const torch::Tensor m = checked_mask(mask, T, S, "decoder stack");  // keys: start + T
+    const bool* visible = m.defined() ? m.data_ptr<bool>() : nullptr;
     const auto options = x.options();
     torch::Tensor state = x.contiguous().clone();
     if (T == 0) return state;
