@@ -18,7 +18,7 @@
 #   int4-q4_0-draft-humaneval-T0 int4-q4_0-draft-dev-T0   the same with the draft requantised to Q4_0
 #   int4-q4_0-draft-humaneval-T1 int4-q4_0-draft-dev-T1   (llamacpp:default-q4_0, written by `make peers`)
 #   int4-torch-draft-humaneval-T0 int4-torch-draft-dev-T0 the same with the draft in torch on the int4 backend
-#   int4-torch-draft-humaneval-T1
+#   int4-torch-draft-humaneval-T1 int4-torch-draft-dev-T1
 #   lossy-humaneval-T0 lossy-humaneval-T1                 the lossy rules and SPRINTER against ar, sd and draft:
 #                                                         HumanEval pass@1 by execution, speed on the int8 path
 #   int4-lossy-humaneval-T0 int4-lossy-humaneval-T1       the same with both models on the int4 backend
@@ -260,6 +260,7 @@ case "$RUN" in
   int4-torch-draft-humaneval-T0) llamacpp_run humaneval 0 "${2:-20}" int4 torch ;;
   int4-torch-draft-dev-T0) llamacpp_run dev 0 "${2:-20}" int4 torch ;;
   int4-torch-draft-humaneval-T1) llamacpp_run humaneval 1 "${2:-20}" int4 torch ;;
+  int4-torch-draft-dev-T1) llamacpp_run dev 1 "${2:-20}" int4 torch ;;
   lossy-humaneval-T0) lossy_run 0 "${2:-40}" ;;
   lossy-humaneval-T1) lossy_run 1 "${2:-40}" ;;
   int4-lossy-humaneval-T0) lossy_run 0 "${2:-40}" int4 ;;
