@@ -21,6 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from verispec.bench.archive import restore_prompts
@@ -63,6 +64,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=10, help="prompts per results file")
     parser.add_argument("--positions", type=int, default=48, help="answer tokens scored per prompt")
     parser.add_argument("--vocabs", type=int, nargs="+", default=[32768, 16384, 8192])
+    parser.add_argument("--rankings", nargs="+", default=["shipped"], metavar="LABEL=FILE.npy",
+                        help="rankings to compare (a ranking .npy as `vocab_ranking build` writes; 'shipped': the "
+                             "one verispec ships for the tokenizer)")
     parser.add_argument("--linear-backend", default="int4")
     parser.add_argument("--out", default="results/draft-vocab-support.json")
     args = parser.parse_args()
@@ -71,8 +75,14 @@ def main() -> None:
     draft = load_model(None, "draft", linear_backend=args.linear_backend)
     tokenizer = target.tokenizer
     vocab_size = min(target.vocab_size, draft.vocab_size)
-    ranking, specials = load_ranking(tokenizer), special_token_ids(tokenizer)
-    tops = {n: torch.tensor(reduced_vocabulary(n, vocab_size, ranking, specials)) for n in args.vocabs}
+    specials = special_token_ids(tokenizer)
+    tops = {}
+    for spec in args.rankings:
+        label, _, ranking_file = spec.partition("=")
+        ranking = np.load(ranking_file).astype(np.int64).tolist() if ranking_file else load_ranking(tokenizer)
+        prefix = "" if spec == "shipped" else f"{label}: "
+        for n in args.vocabs:
+            tops[f"{prefix}top {n}"] = torch.tensor(reduced_vocabulary(n, vocab_size, ranking, specials))
 
     scores: dict[str, dict[str, list[float]]] = {}
     sources = []
@@ -86,14 +96,14 @@ def main() -> None:
             ids = prompt + record["tokens"][:n]
             p = teacher_forced_probs(target, ids, n)[:, :vocab_size]
             q = teacher_forced_probs(draft, ids, n)[:, :vocab_size]
-            for n_top, top in tops.items():
+            for head, top in tops.items():
                 base = torch.zeros(n, vocab_size, dtype=torch.bool)
                 base[:, top] = True
                 with_context = base.clone()
                 for i in range(n):  # position i predicts ids[len(prompt) + i]: its context is ids[:len(prompt) + i]
                     with_context[i, torch.tensor(ids[: len(prompt) + i])] = True
                 added = (with_context & ~base).sum(-1).float().mean().item()
-                for name, support in ((f"top {n_top}", base), (f"top {n_top} + context", with_context)):
+                for name, support in ((head, base), (f"{head} + context", with_context)):
                     a1, a0 = alphas(p, q, support)
                     row = scores.setdefault(name, {"alpha_T1": [], "alpha_T0": [], "added": []})
                     row["alpha_T1"] += a1
@@ -110,7 +120,8 @@ def main() -> None:
              "context_tokens_added": statistics.fmean(s["added"]), "positions": len(s["alpha_T1"])}
             for name, s in scores.items()]
     write_atomically(Path(args.out), json.dumps({"rows": rows, "prompts": sources, "positions": args.positions,
-                                                 "linear_backend": args.linear_backend}, indent=1))
+                                                 "rankings": args.rankings, "linear_backend": args.linear_backend},
+                                                indent=1))
     print("| draft head | α (T=1) | α (T=0) | context tokens added (mean) |\n|---|---:|---:|---:|")
     for r in sorted(rows, key=lambda r: -r["alpha_T1"]):
         print(f"| {r['head']} | {r['alpha_T1']:.3f} | {r['alpha_T0']:.3f} | {r['context_tokens_added']:.0f} |")

@@ -71,3 +71,25 @@ def test_the_shipped_ranking_puts_special_and_chat_tokens_first_and_covers_prose
         tok.convert_ids_to_tokens(ranking[: len(first)]))
     top = set(tok.convert_ids_to_tokens(ranking[:16384]))
     assert {"Ġdelicious", "Ġvacation", "ĠParis", "Ġbreakfast", ".ĊĊ", "Ġreturn", "self"} <= top
+
+
+def test_the_draft_answers_mass_takes_the_given_share_and_code_and_prose_the_rest(tokenizer, monkeypatch):
+    monkeypatch.setattr(vocab_ranking, "WORD_FORMS", ((" {w}", 1.0),))
+    monkeypatch.setattr(vocab_ranking, "PROSE_SYMBOLS", {})
+    a, b, c, d = tokenizer.convert_tokens_to_ids(["a", "b", "c", "d"])
+    code, words = ["aaab"], {"c": 1.0}  # code: a 3/4, b 1/4; prose: " " 1/2, c 1/2
+    answers = {d: 3.0, b: 1.0}  # d 3/4, b 1/4
+    specials = tokenizer.convert_tokens_to_ids(["<eos>", "<unk>"])
+    # share 0.5: a 0.1875, b 0.0625 + 0.125, d 0.375, " " and c 0.125 each (ties by id)
+    ranking = build_ranking(tokenizer, code, {"en": words}, answers=answers, answers_share=0.5)
+    space = tokenizer.convert_tokens_to_ids(" ")
+    assert ranking == [*specials, d, a, b, *sorted([space, c])]
+    only = build_ranking(tokenizer, code, {"en": words}, answers=answers, answers_share=1.0)
+    assert only[2:4] == [d, b] and set(only[4:]) == {a, c, space}  # the rest stay, with no mass: by id
+    assert build_ranking(tokenizer, code, {"en": words}) == [*specials, a, *sorted([space, c]), b]
+
+
+@pytest.mark.parametrize("share, answers", [(1.5, {1: 1.0}), (-0.1, {1: 1.0}), (0.5, None), (0.0, {1: 1.0})])
+def test_an_answers_share_outside_0_1_or_without_answers_is_refused(tokenizer, share, answers):
+    with pytest.raises(ValueError, match="answers_share"):
+        build_ranking(tokenizer, ["a"], {"en": {"c": 1.0}}, answers=answers, answers_share=share)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from verispec.drafters.vocab import (
     DATA_DIR,
@@ -136,12 +137,21 @@ def chat_template_ids(tokenizer: Any) -> list[int]:
 
 
 def build_ranking(tokenizer: Any, code_texts: Iterable[str], word_freqs: Mapping[str, Mapping[str, float]],
-                  keep: int = KEEP) -> list[int]:
+                  keep: int = KEEP, answers: Mapping[int, float] | None = None,
+                  answers_share: float = 0.0) -> list[int]:
     """Return the ranking: the special and chat-template tokens (by id), then the tokens of code and prose mixed
-    with equal mass (`mix`; the prose half split evenly over the languages of `word_freqs`), at most `keep` ids."""
-    prose = [(weighted_counts(tokenizer, prose_texts(freqs)), 0.5 / len(word_freqs))
+    with equal mass (`mix`; the prose half split evenly over the languages of `word_freqs`), at most `keep` ids.
+
+    `answers`: the draft's expected token mass over its own answers (`verispec.drafters.vocab_answers`), given
+    `answers_share` of the whole mass; code and prose share the rest equally."""
+    if not 0.0 <= answers_share <= 1.0 or (answers_share > 0) != bool(answers):
+        raise ValueError(f"answers_share must lie in [0, 1] and be > 0 exactly when answers are given, got "
+                         f"{answers_share} with {'some' if answers else 'no'} answers")
+    rest = 1.0 - answers_share
+    prose = [(weighted_counts(tokenizer, prose_texts(freqs)), rest * 0.5 / len(word_freqs))
              for _, freqs in sorted(word_freqs.items())]
-    mixed = mix([(count_tokens(tokenizer, code_texts), 0.5 if prose else 1.0), *prose])
+    mixed = mix([(count_tokens(tokenizer, code_texts), rest * (0.5 if prose else 1.0)), *prose,
+                 *([(answers, answers_share)] if answers_share > 0 else [])])
     first = sorted(set(special_token_ids(tokenizer)) | set(chat_template_ids(tokenizer)))
     ranking = dict.fromkeys(first)
     ranking.update(dict.fromkeys(rank_tokens(mixed)))
@@ -176,24 +186,72 @@ def build(args: argparse.Namespace) -> int:
     files = corpus_files()
     code = (f.read_text(encoding="utf-8", errors="replace") for f in files)
     word_freqs = {lang: wordfreq.get_frequency_dict(lang, wordlist="large") for lang in args.languages}
-    ranking = build_ranking(tokenizer, code, word_freqs, keep=args.keep)
+    answers, answers_meta = load_answer_mass(args.answers) if args.answers else ({}, None)
+    share = args.answers_share if args.answers else 0.0
+    ranking = build_ranking(tokenizer, code, word_freqs, keep=args.keep, answers=answers, answers_share=share)
     fingerprint = tokenizer_fingerprint(tokenizer)
     out = Path(args.out) / ranking_path(fingerprint).name
     out.parent.mkdir(parents=True, exist_ok=True)
     np.save(out, np.asarray(ranking, dtype=np.int32))
     name = Path(args.tokenizer).name
     meta = {"tokenizer": name, "tokenizer_sha256": fingerprint, "vocab_size": len(tokenizer),
-            "mix": "equal mass: 1/2 code, 1/2 prose split evenly over the languages; special and chat-template "
-                   "tokens first; ties by id",
+            "mix": f"{share:g} of the mass the draft's answers, the rest 1/2 code, 1/2 prose split evenly over the "
+                   f"languages; special and chat-template tokens first; ties by id",
             "code_corpus": CODE_CORPUS, "code_files": len(files), "prose_corpus": PROSE_CORPUS,
+            "answers_corpus": answers_meta,
             "languages": list(args.languages), "word_forms": dict(WORD_FORMS),
             "versions": {"python": sys.version.split()[0], **{p: package_version(p) for p in
                                                                ("wordfreq", "tokenizers", "transformers")}},
             "ranked_tokens": len(ranking),
             "command": f"python -m verispec.drafters.vocab_ranking build --tokenizer <folder of {name}> "
-                       f"--languages {' '.join(args.languages)} --keep {args.keep}"}
+                       f"--languages {' '.join(args.languages)} --keep {args.keep}"
+                       + (f" --answers <answers .npy> --answers-share {share:g}" if args.answers else "")}
     out.with_suffix(".json").write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
     print(f"{out}: {len(ranking)} tokens ranked ({len(files)} code files; prose: {', '.join(args.languages)})")
+    return 0
+
+
+def load_answer_mass(path: str) -> tuple[dict[int, float], dict[str, Any]]:
+    """Return (token id -> mass, how it was made) from an `answers` .npy and the .json beside it."""
+    mass = np.load(path)
+    meta_path = Path(path).with_suffix(".json")
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    return {int(t): float(mass[t]) for t in np.flatnonzero(mass > 0)}, meta
+
+
+def answers(args: argparse.Namespace) -> int:
+    """Let the draft answer the ranking's instructions and store its expected token mass (.npy, .json beside)."""
+    from tqdm import tqdm
+
+    from verispec.api import Decoder
+    from verispec.drafters.vocab_answers import answer_mass, ranking_instructions
+    from verispec.models.pair import encode_prompt
+
+    instructions = ranking_instructions(args.count, args.seed)
+    decoder = Decoder(None, args.draft, linear_backend=args.linear_backend)
+    draft = decoder.model("draft")
+    settings = {"method": "draft", "max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+
+    def score(ids: list[int], n: int) -> torch.Tensor:
+        draft.reset()
+        return torch.softmax(draft.forward(ids[:-1], n_logits=n).logits.float(), dim=-1)
+
+    bar = tqdm(total=len(instructions), desc="draft answers", unit="answer")
+    mass, positions = answer_mass(
+        lambda text, index: decoder.generate(text, seed=args.seed * 100_003 + index, **settings),
+        score, lambda text: encode_prompt(draft.tokenizer, text, True), instructions,
+        progress=lambda done, total: bar.update(1) or bar.set_postfix(positions=total))
+    bar.close()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.save(out, mass)
+    meta = {"draft": args.draft or "default", "linear_backend": args.linear_backend, "instructions": len(instructions),
+            "instruction_seed": args.seed, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+            "positions": positions, "source": "verispec.drafters.vocab_answers (templates written for the ranking; "
+                                              "no evaluation prompts)"}
+    out.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"{out}: the draft's expected token mass over {positions} answer positions of {len(instructions)} "
+          f"instructions")
     return 0
 
 
@@ -225,13 +283,23 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--languages", nargs="+", default=["en"], help="wordfreq languages of the prose half")
     b.add_argument("--keep", type=int, default=KEEP, help="ranked ids to store (larger N fill up in id order)")
     b.add_argument("--out", default=str(DATA_DIR), help="where to write <fingerprint>.npy and .json")
+    b.add_argument("--answers", help="the draft's answer mass (.npy written by `answers`) to mix in")
+    b.add_argument("--answers-share", type=float, default=0.5, help="its share of the mass (with --answers)")
+    a = commands.add_parser("answers", help=answers.__doc__)
+    a.add_argument("--draft", help="the draft model (default: the embedded pair's)")
+    a.add_argument("--linear-backend", default="int4", help="the draft's linear backend")
+    a.add_argument("--count", type=int, default=200, help="instructions answered")
+    a.add_argument("--max-new-tokens", type=int, default=192, help="tokens per answer at most")
+    a.add_argument("--temperature", type=float, default=1.0, help="the answers' sampling temperature")
+    a.add_argument("--seed", type=int, default=0, help="orders the instructions and seeds the answers")
+    a.add_argument("--out", default="answer-mass.npy", help="where to write the mass (.npy; .json beside it)")
     c = commands.add_parser("coverage", help=report_coverage.__doc__)
     c.add_argument("--tokenizer", required=True, help="a model folder or hub id AutoTokenizer loads")
     c.add_argument("--prompts", required=True, help='a JSON-lines file of {"turns": [...], "category": ...}')
     c.add_argument("--ranking", help="a ranking .npy (default: the shipped one for the tokenizer)")
     c.add_argument("--n", type=int, nargs="+", default=[32768, 16384, 8192], help="sizes N of the draft head")
     args = parser.parse_args(argv)
-    return build(args) if args.command == "build" else report_coverage(args)
+    return {"build": build, "answers": answers, "coverage": report_coverage}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,47 @@
+"""The draft's answers as a ranking corpus: the instructions it answers and the expected token mass it adds up."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from verispec.drafters.vocab_answers import SUBJECTS, TASKS, TEMPLATES, answer_mass, ranking_instructions
+
+
+def test_the_instructions_are_distinct_seeded_and_start_with_every_task():
+    first = ranking_instructions(200)
+    assert len(set(first)) == 200 and first[: len(TASKS)] == list(TASKS)
+    assert first == ranking_instructions(200) and first != ranking_instructions(200, seed=1)
+    everything = ranking_instructions(len(TASKS) + len(TEMPLATES) * len(SUBJECTS))
+    assert len(set(everything)) == len(everything)
+    for bad in (0, len(everything) + 1):
+        with pytest.raises(ValueError, match="count"):
+            ranking_instructions(bad)
+
+
+def test_the_mass_adds_the_drafts_law_at_every_answer_position_and_skips_empty_answers():
+    answers = {"one": [5, 6], "none": [], "two": [7]}
+    laws = {5: [0.5, 0.5, 0.0], 6: [0.0, 0.25, 0.75], 7: [1.0, 0.0, 0.0]}  # the law that predicts each token
+    seen = []
+
+    def generate(text, index):
+        seen.append(index)
+        return SimpleNamespace(tokens=answers[text])
+
+    def score(ids, n):
+        assert ids[:2] == [100, 101] and len(ids) == 2 + n  # the prompt, then the answer's n tokens
+        return torch.tensor([laws[t] for t in ids[-n:]])
+
+    def encode(text):
+        return [100, 101]
+
+    progress = []
+    mass, positions = answer_mass(generate, score, encode, ["one", "none", "two"],
+                                  progress=lambda done, total: progress.append((done, total)))
+    assert positions == 3 and seen == [0, 1, 2] and progress == [(1, 2), (3, 3)]
+    assert mass.dtype == np.float64 and mass.tolist() == [1.5, 0.75, 0.75]
+    with pytest.raises(ValueError, match="none of the instructions"):
+        answer_mass(generate, score, encode, ["none"])
