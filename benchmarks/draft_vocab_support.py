@@ -31,8 +31,9 @@ from verispec.models.loading import load_model
 from verispec.models.pair import encode_prompt
 
 
-def ar_answers(path: str, limit: int) -> list[dict[str, Any]]:
-    """Return the `ar` records of the first `limit` prompts of a results file or its `.json.gz` archive."""
+def ar_answers(path: str, limit: int, skip: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """Return the `ar` records of the first `limit` prompts of a results file or its `.json.gz` archive, leaving out
+    prompts of the categories in `skip`."""
     if path.endswith(".gz"):
         with gzip.open(path, "rt", encoding="utf-8") as handle:
             results = restore_prompts(json.load(handle))
@@ -40,7 +41,7 @@ def ar_answers(path: str, limit: int) -> list[dict[str, Any]]:
         results = json.loads(Path(path).read_text())
     seen: dict[str, dict[str, Any]] = {}
     for record in results["records"]:
-        if record["method"] == "ar" and record["prompt_id"] not in seen:
+        if record["method"] == "ar" and record["prompt_id"] not in seen and record.get("category") not in skip:
             seen[record["prompt_id"]] = record
     return list(seen.values())[:limit]
 
@@ -67,6 +68,8 @@ def main() -> None:
     parser.add_argument("--rankings", nargs="+", default=["shipped"], metavar="LABEL=FILE.npy",
                         help="rankings to compare (a ranking .npy as `vocab_ranking build` writes; 'shipped': the "
                              "one verispec ships for the tokenizer)")
+    parser.add_argument("--skip-categories", nargs="*", default=[],
+                        help="leave out prompts of these categories (e.g. MT-Bench's, when MT-Bench evaluates)")
     parser.add_argument("--linear-backend", default="int4")
     parser.add_argument("--out", default="results/draft-vocab-support.json")
     args = parser.parse_args()
@@ -87,7 +90,7 @@ def main() -> None:
     scores: dict[str, dict[str, list[float]]] = {}
     sources = []
     for path in args.results:
-        for record in ar_answers(path, args.prompts):
+        for record in ar_answers(path, args.prompts, frozenset(args.skip_categories)):
             prompt = encode_prompt(tokenizer, record["prompt"], True)
             if len(prompt) != record["prompt_tokens"]:
                 raise SystemExit(f"{path}: prompt {record['prompt_id']} encodes to {len(prompt)} tokens, the run "
