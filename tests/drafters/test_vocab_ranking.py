@@ -1,4 +1,4 @@
-"""The token-frequency ranking: its builder (equal-mass mix of code and prose) and the shipped files."""
+"""The token-frequency ranking: its builder (code, prose and the draft's answers mixed by mass), the shipped files."""
 
 from __future__ import annotations
 
@@ -50,7 +50,10 @@ def test_a_shipped_ranking_is_a_prefix_of_a_permutation_and_says_how_it_was_buil
     assert ranking.ndim == 1 and ranking.dtype == np.int32 and len(ranking) == meta["ranked_tokens"]
     assert len(np.unique(ranking)) == len(ranking) and 0 <= ranking.min() and ranking.max() < meta["vocab_size"]
     assert path.stat().st_size < 400_000
-    assert {"code_corpus", "prose_corpus", "languages", "versions", "command"} <= set(meta)
+    assert {"code_corpus", "prose_corpus", "answers_corpus", "languages", "versions", "command"} <= set(meta)
+    if meta["answers_corpus"]:  # the draft's answers: how they were made, and their share in the build command
+        assert meta["answers_corpus"]["command"].startswith("python -m verispec.drafters.vocab_ranking answers")
+        assert "--answers-share" in meta["command"]
     assert meta["versions"]["wordfreq"] and meta["command"].startswith("python -m verispec.drafters.vocab_ranking")
 
 

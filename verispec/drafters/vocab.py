@@ -2,11 +2,12 @@
 
 A draft head over a subset S of the vocabulary computes N instead of V logits; q is the softmax over S, zero
 elsewhere, so verification against it stays exact and only acceptance can drop (docs/algorithms.md §6.1). S comes
-from a token-frequency ranking built once from public corpora, never from evaluation prompts: the Python standard
-library's sources (code) and the `wordfreq` package's word-frequency lists (prose), mixed with equal mass
-(`verispec.drafters.vocab_ranking`, which also builds it). The ranking is stored per tokenizer as package data
-(`data/<fingerprint>.npy`: token ids, best first; a `.json` beside it says how it was built). This is the fixed part
-of S; the tokens of each decode's context join it there (`verispec.models.reduced_head`).
+from a token-frequency ranking built once, never from evaluation prompts: the Python standard library's sources
+(code), the `wordfreq` package's word-frequency lists (prose) and the draft's own answers to instructions written for
+it (`verispec.drafters.vocab_answers`), mixed by mass (`verispec.drafters.vocab_ranking`, which also builds it).
+The ranking is stored per tokenizer as package data (`data/<fingerprint>.npy`: token ids, best first; a `.json`
+beside it says how it was built). This is the fixed part of S; the tokens of each decode's context join it there
+(`verispec.models.reduced_head`).
 """
 
 from __future__ import annotations

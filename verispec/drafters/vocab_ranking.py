@@ -1,6 +1,6 @@
-"""Build the token-frequency ranking of the reduced draft head from code and prose (a build-time tool).
+"""Build the token-frequency ranking of the reduced draft head from code, prose and the draft's own answers.
 
-The ranking mixes two corpora with equal total mass, so that neither decides the set alone (a chat model writes
+The ranking mixes up to three corpora by mass, so that no one of them decides the set alone (a chat model writes
 prose around code, and code inside prose):
 * **code**: the .py files of the Python standard library (code, comments, docstrings), counted token by token;
 * **prose**: the word-frequency lists of the `wordfreq` package (English by default; each language gets an equal
@@ -10,11 +10,16 @@ prose around code, and code inside prose):
   wordfreq drops punctuation and splits numbers, so a short table of punctuation, digit, whitespace, Markdown and
   typographic strings adds them at typical rates per word (`PROSE_SYMBOLS`); they rank far above any cutoff, so
   the exact rates hardly matter.
+* **the draft's answers** (optional, `--answers`): the draft's expected token mass over its own answers to
+  instructions written for the ranking (`verispec.drafters.vocab_answers`), given `--answers-share` of the mass;
+  code and prose share the rest equally. The shipped ranking gives it 0.75.
 Above both come the special tokens and the tokens of the chat template, which every request contains. Neither
 corpus is an evaluation prompt set. Ties rank by the smaller id; the result is deterministic for given inputs.
 
     pip install -r requirements/ranking.txt   # wordfreq, needed only to build
-    python -m verispec.drafters.vocab_ranking build --tokenizer ~/.cache/verispec/converted/qwen2.5-coder-0.5b-instruct
+    python -m verispec.drafters.vocab_ranking answers --out answer-mass.npy   # the draft answers (about 10 min)
+    python -m verispec.drafters.vocab_ranking build --answers answer-mass.npy --answers-share 0.75 \
+        --tokenizer ~/.cache/verispec/converted/qwen2.5-coder-0.5b-instruct
 
 `coverage` reports which share of the tokens of some prompts (a JSON-lines file with "turns") lie in the top N.
 """
@@ -248,7 +253,10 @@ def answers(args: argparse.Namespace) -> int:
     meta = {"draft": args.draft or "default", "linear_backend": args.linear_backend, "instructions": len(instructions),
             "instruction_seed": args.seed, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
             "positions": positions, "source": "verispec.drafters.vocab_answers (templates written for the ranking; "
-                                              "no evaluation prompts)"}
+                                              "no evaluation prompts)",
+            "command": f"python -m verispec.drafters.vocab_ranking answers --linear-backend {args.linear_backend} "
+                       f"--count {args.count} --max-new-tokens {args.max_new_tokens} --temperature "
+                       f"{args.temperature:g} --seed {args.seed}" + (f" --draft {args.draft}" if args.draft else "")}
     out.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"{out}: the draft's expected token mass over {positions} answer positions of {len(instructions)} "
           f"instructions")
