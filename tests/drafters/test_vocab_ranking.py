@@ -96,3 +96,16 @@ def test_the_draft_answers_mass_takes_the_given_share_and_code_and_prose_the_res
 def test_an_answers_share_outside_0_1_or_without_answers_is_refused(tokenizer, share, answers):
     with pytest.raises(ValueError, match="answers_share"):
         build_ranking(tokenizer, ["a"], {"en": {"c": 1.0}}, answers=answers, answers_share=share)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["answers", "--count", "0"], "--count: count must be between 1"),
+    (["answers", "--count", "100000"], "--count: count must be between 1"),
+    (["answers", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["build", "--tokenizer", "x", "--answers", "m.npy", "--answers-share", "0"], "--answers-share must lie in"),
+    (["build", "--tokenizer", "x", "--answers", "m.npy", "--answers-share", "1.5"], "--answers-share must lie in"),
+])
+def test_bad_ranking_options_are_refused_by_name_before_any_model_loads(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        vocab_ranking.main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -307,6 +307,17 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--ranking", help="a ranking .npy (default: the shipped one for the tokenizer)")
     c.add_argument("--n", type=int, nargs="+", default=[32768, 16384, 8192], help="sizes N of the draft head")
     args = parser.parse_args(argv)
+    if args.command == "build" and args.answers and not 0.0 < args.answers_share <= 1.0:
+        parser.error(f"--answers-share must lie in (0, 1], got {args.answers_share}")
+    if args.command == "answers":
+        from verispec.drafters.vocab_answers import ranking_instructions
+
+        try:
+            ranking_instructions(args.count, args.seed)  # a bad count fails before minutes of loading
+        except ValueError as error:
+            parser.error(f"--count: {error}")
+        if args.max_new_tokens < 1 or args.temperature < 0:
+            parser.error("--max-new-tokens must be >= 1 and --temperature >= 0")
     return {"build": build, "answers": answers, "coverage": report_coverage}[args.command](args)
 
 
