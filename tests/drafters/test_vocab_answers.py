@@ -45,3 +45,20 @@ def test_the_mass_adds_the_drafts_law_at_every_answer_position_and_skips_empty_a
     assert mass.dtype == np.float64 and mass.tolist() == [1.5, 0.75, 0.75]
     with pytest.raises(ValueError, match="none of the instructions"):
         answer_mass(generate, score, encode, ["none"])
+
+
+def test_the_answers_command_writes_the_drafts_mass_and_how_it_was_made(tiny_folder, tmp_path, capsys):
+    import json
+
+    from verispec.drafters import vocab_ranking
+
+    out = tmp_path / "mass.npy"
+    assert vocab_ranking.main(["answers", "--draft", str(tiny_folder), "--linear-backend", "torch", "--count", "3",
+                               "--max-new-tokens", "5", "--out", str(out)]) == 0
+    mass, meta = np.load(out), json.loads(out.with_suffix(".json").read_text())
+    assert meta["instructions"] == 3 and 3 <= meta["positions"] <= 15 and meta["temperature"] == 1.0
+    assert mass.dtype == np.float64 and (mass >= 0).all()
+    assert mass.sum() == pytest.approx(meta["positions"])  # one law per answer position, each summing to 1
+    assert meta["command"].startswith("python -m verispec.drafters.vocab_ranking answers") and "--count 3" in \
+        meta["command"]
+    assert str(out) in capsys.readouterr().out
