@@ -27,6 +27,7 @@ import torch
 from verispec.bench.archive import restore_prompts
 from verispec.bench.files import write_atomically
 from verispec.drafters.vocab import load_ranking, reduced_vocabulary, special_token_ids
+from verispec.drafters.vocab_answers import teacher_forced_probs
 from verispec.models.loading import load_model
 from verispec.models.pair import encode_prompt
 
@@ -44,12 +45,6 @@ def ar_answers(path: str, limit: int, skip: frozenset[str] = frozenset()) -> lis
         if record["method"] == "ar" and record["prompt_id"] not in seen and record.get("category") not in skip:
             seen[record["prompt_id"]] = record
     return list(seen.values())[:limit]
-
-
-def teacher_forced_probs(model: Any, ids: list[int], n: int) -> torch.Tensor:
-    """Return softmax probabilities `[n, V]` (float32) predicting the last n tokens of `ids`."""
-    model.reset()
-    return torch.softmax(model.forward(ids[:-1], n_logits=n).logits.float(), dim=-1)
 
 
 def alphas(p: torch.Tensor, q: torch.Tensor, support: torch.Tensor) -> tuple[list[float], list[float]]:

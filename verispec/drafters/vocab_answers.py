@@ -99,6 +99,13 @@ def ranking_instructions(count: int, seed: int = 0) -> list[str]:
     return instructions[:count]
 
 
+def teacher_forced_probs(model: Any, ids: list[int], n: int) -> torch.Tensor:
+    """Return `model`'s softmax probabilities `[n, V]` (float32) predicting the last n tokens of `ids`, from one
+    forward over ids[:-1] after a reset."""
+    model.reset()
+    return torch.softmax(model.forward(ids[:-1], n_logits=n).logits.float(), dim=-1)
+
+
 def answer_mass(generate: Callable[[str, int], Any], score: Callable[[list[int], int], torch.Tensor],
                 encode: Callable[[str], list[int]], instructions: Sequence[str],
                 progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, int]:

@@ -12,8 +12,8 @@ prose around code, and code inside prose):
   the exact rates hardly matter.
 * **the draft's answers** (optional, `--answers`): the draft's expected token mass over its own answers to
   instructions written for the ranking (`verispec.drafters.vocab_answers`), given `--answers-share` of the mass;
-  code and prose share the rest equally. The shipped ranking gives it 0.75.
-Above both come the special tokens and the tokens of the chat template, which every request contains. Neither
+  code and prose share the rest equally. The shipped ranking gives it `ANSWERS_SHARE`.
+Above them all come the special tokens and the tokens of the chat template, which every request contains. No
 corpus is an evaluation prompt set. Ties rank by the smaller id; the result is deterministic for given inputs.
 
     pip install -r requirements/ranking.txt   # wordfreq, needed only to build
@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from verispec.drafters.vocab import (
     DATA_DIR,
@@ -65,6 +64,9 @@ PROSE_SYMBOLS = {
     "’": 0.002, "“": 0.001, " “": 0.001, "”": 0.001, ".”": 0.001, ",”": 0.001, "’.": 0.0005, ".’": 0.0005,
     "–": 0.001, " £": 0.0005, " €": 0.0005, " ×": 0.0002, " μ": 0.0002, " °": 0.0002, "\u00a0": 0.001,
 }
+# The draft's answers' share of the mass in the shipped ranking: the best of 0.25 / 0.5 / 0.75 / 1 on Spec-Bench dev
+# answers outside MT-Bench's categories (BENCHMARKS.md §9).
+ANSWERS_SHARE = 0.75
 # The ranking stops here: N beyond it takes the remaining ids in id order (`reduced_vocabulary`), and the file stays
 # a few hundred KB.
 KEEP = 65536
@@ -144,11 +146,10 @@ def chat_template_ids(tokenizer: Any) -> list[int]:
 def build_ranking(tokenizer: Any, code_texts: Iterable[str], word_freqs: Mapping[str, Mapping[str, float]],
                   keep: int = KEEP, answers: Mapping[int, float] | None = None,
                   answers_share: float = 0.0) -> list[int]:
-    """Return the ranking: the special and chat-template tokens (by id), then the tokens of code and prose mixed
-    with equal mass (`mix`; the prose half split evenly over the languages of `word_freqs`), at most `keep` ids.
-
-    `answers`: the draft's expected token mass over its own answers (`verispec.drafters.vocab_answers`), given
-    `answers_share` of the whole mass; code and prose share the rest equally."""
+    """Return the ranking: the special and chat-template tokens (by id), then the tokens of the corpora mixed by
+    mass (`mix`), at most `keep` ids. `answers`: the draft's expected token mass over its own answers
+    (`verispec.drafters.vocab_answers`), given `answers_share` of the whole mass; code and prose share the rest
+    equally (the prose part split evenly over the languages of `word_freqs`)."""
     if not 0.0 <= answers_share <= 1.0 or (answers_share > 0) != bool(answers):
         raise ValueError(f"answers_share must lie in [0, 1] and be > 0 exactly when answers are given, got "
                          f"{answers_share} with {'some' if answers else 'no'} answers")
@@ -229,7 +230,7 @@ def answers(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from verispec.api import Decoder
-    from verispec.drafters.vocab_answers import answer_mass, ranking_instructions
+    from verispec.drafters.vocab_answers import answer_mass, ranking_instructions, teacher_forced_probs
     from verispec.models.pair import encode_prompt
 
     instructions = ranking_instructions(args.count, args.seed)
@@ -237,14 +238,12 @@ def answers(args: argparse.Namespace) -> int:
     draft = decoder.model("draft")
     settings = {"method": "draft", "max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
 
-    def score(ids: list[int], n: int) -> torch.Tensor:
-        draft.reset()
-        return torch.softmax(draft.forward(ids[:-1], n_logits=n).logits.float(), dim=-1)
-
     bar = tqdm(total=len(instructions), desc="draft answers", unit="answer")
     mass, positions = answer_mass(
+        # one seed per answer, distinct across --seed values for any --count below 100,003
         lambda text, index: decoder.generate(text, seed=args.seed * 100_003 + index, **settings),
-        score, lambda text: encode_prompt(draft.tokenizer, text, True), instructions,
+        lambda ids, n: teacher_forced_probs(draft, ids, n),
+        lambda text: encode_prompt(draft.tokenizer, text, True), instructions,
         progress=lambda done, total: bar.update(1) or bar.set_postfix(positions=total))
     bar.close()
     out = Path(args.out)
@@ -292,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--keep", type=int, default=KEEP, help="ranked ids to store (larger N fill up in id order)")
     b.add_argument("--out", default=str(DATA_DIR), help="where to write <fingerprint>.npy and .json")
     b.add_argument("--answers", help="the draft's answer mass (.npy written by `answers`) to mix in")
-    b.add_argument("--answers-share", type=float, default=0.5, help="its share of the mass (with --answers)")
+    b.add_argument("--answers-share", type=float, default=ANSWERS_SHARE,
+                   help="its share of the mass (with --answers; default: the shipped ranking's)")
     a = commands.add_parser("answers", help=answers.__doc__)
     a.add_argument("--draft", help="the draft model (default: the embedded pair's)")
     a.add_argument("--linear-backend", default="int4", help="the draft's linear backend")
