@@ -62,3 +62,32 @@ def test_the_answers_command_writes_the_drafts_mass_and_how_it_was_made(tiny_fol
     assert meta["command"].startswith("python -m verispec.drafters.vocab_ranking answers") and "--count 3" in \
         meta["command"]
     assert str(out) in capsys.readouterr().out
+
+
+def test_the_acceptance_weight_is_the_elementwise_minimum_of_the_target_and_draft_laws(tiny_pair):
+    from verispec.drafters.vocab_answers import acceptance_probs, teacher_forced_probs
+
+    target, draft = tiny_pair["target"], tiny_pair["partial"]
+    ids = [3, 9, 4, 12, 7, 5]
+    weights = acceptance_probs(target, draft, ids, 3)
+    p, q = teacher_forced_probs(target, ids, 3), teacher_forced_probs(draft, ids, 3)
+    assert weights.shape == p.shape == (3, len(target.tokenizer))
+    assert torch.equal(weights, torch.minimum(p, q))
+    alpha = weights.sum(-1)  # each position's exact acceptance probability: below 1 unless p = q
+    assert (alpha < 1).all() and (alpha > 0).all()
+    assert torch.allclose(acceptance_probs(target, tiny_pair["same"], ids, 3).sum(-1), torch.ones(3, dtype=p.dtype))
+
+
+def test_the_answers_command_with_the_acceptance_weight_records_the_target(tiny_pair_folders, tmp_path):
+    import json
+
+    from verispec.drafters import vocab_ranking
+
+    out = tmp_path / "acceptance.npy"
+    assert vocab_ranking.main(["answers", "--draft", tiny_pair_folders["draft"], "--target",
+                               tiny_pair_folders["target"], "--weight", "acceptance", "--linear-backend", "torch",
+                               "--count", "3", "--max-new-tokens", "5", "--out", str(out)]) == 0
+    mass, meta = np.load(out), json.loads(out.with_suffix(".json").read_text())
+    assert meta["weight"] == "acceptance" and meta["target"] == tiny_pair_folders["target"]
+    assert 0 < mass.sum() < meta["positions"]  # Σ min(p, q) per position is an acceptance probability below 1
+    assert "--weight acceptance --target" in meta["command"]

@@ -102,6 +102,8 @@ def test_an_answers_share_outside_0_1_or_without_answers_is_refused(tokenizer, s
     (["answers", "--count", "0"], "--count: count must be between 1"),
     (["answers", "--count", "100000"], "--count: count must be between 1"),
     (["answers", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["answers", "--target", "t"], "--target is the target of --weight acceptance"),
+    (["answers", "--weight", "target"], "invalid choice"),
     (["build", "--tokenizer", "x", "--answers", "m.npy", "--answers-share", "0"], "--answers-share must lie in"),
     (["build", "--tokenizer", "x", "--answers", "m.npy", "--answers-share", "1.5"], "--answers-share must lie in"),
 ])

@@ -7,6 +7,11 @@ none taken from an evaluation prompt set), and every answer position adds the dr
 q(·) at T = 1 to the mass of each token (an expected count, smoother than counting the sampled tokens; the tokens
 a top-N cut leaves out are exactly those with the least q-mass over these positions).
 
+With a target (`answers --weight acceptance`) each position adds min(p(·), q(·)) instead: what each token contributes
+to the probability that speculative sampling accepts a drafted token there (α = Σ_x min(p(x), q(x)),
+docs/algorithms.md §2). A head that keeps the tokens with the most of that mass keeps the most acceptance; tokens the
+draft favours but the target does not weigh little, however often the draft would write them.
+
     python -m verispec.drafters.vocab_ranking answers --out answer-mass.npy   # then: build --answers answer-mass.npy
 """
 
@@ -106,14 +111,20 @@ def teacher_forced_probs(model: Any, ids: list[int], n: int) -> torch.Tensor:
     return torch.softmax(model.forward(ids[:-1], n_logits=n).logits.float(), dim=-1)
 
 
+def acceptance_probs(target: Any, draft: Any, ids: list[int], n: int) -> torch.Tensor:
+    """Return min(p, q) `[n, V]` at the last n positions of `ids`: each token's share of the exact probability that
+    speculative sampling at T = 1 accepts the draft's token there (p the target's law, q the draft's)."""
+    return torch.minimum(teacher_forced_probs(target, ids, n), teacher_forced_probs(draft, ids, n))
+
+
 def answer_mass(generate: Callable[[str, int], Any], score: Callable[[list[int], int], torch.Tensor],
                 encode: Callable[[str], list[int]], instructions: Sequence[str],
                 progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, int]:
-    """Return (mass, positions): Σ over the answers' positions of the draft's next-token law, as float64 `[V]`.
+    """Return (mass, positions): Σ over the answers' positions of each position's weights, as float64 `[V]`.
 
-    generate(instruction, seed) -> the draft's answer (a `verispec.api.Generation`); score(ids, n) -> the draft's
-    probabilities `[n, V]` predicting the last n tokens of ids; encode(instruction) -> the prompt's ids (chat
-    template applied), as the generation saw them.
+    generate(instruction, seed) -> the draft's answer (a `verispec.api.Generation`); score(ids, n) -> the weights
+    `[n, V]` of the positions that predict the last n tokens of ids (the draft's probabilities, or `acceptance_probs`);
+    encode(instruction) -> the prompt's ids (chat template applied), as the generation saw them.
     """
     mass: np.ndarray | None = None
     positions = 0

@@ -226,39 +226,57 @@ def load_answer_mass(path: str) -> tuple[dict[int, float], dict[str, Any]]:
 
 
 def answers(args: argparse.Namespace) -> int:
-    """Let the draft answer the ranking's instructions and store its expected token mass (.npy, .json beside)."""
+    """Let the draft answer the ranking's instructions and store its expected token mass (.npy, .json beside):
+    the draft's law at every answer position, or with `--weight acceptance` min(target's law, draft's law)."""
     from tqdm import tqdm
 
     from verispec.api import Decoder
-    from verispec.drafters.vocab_answers import answer_mass, ranking_instructions, teacher_forced_probs
+    from verispec.drafters.vocab_answers import (
+        acceptance_probs,
+        answer_mass,
+        ranking_instructions,
+        teacher_forced_probs,
+    )
     from verispec.models.pair import encode_prompt
 
     instructions = ranking_instructions(args.count, args.seed)
-    decoder = Decoder(None, args.draft, linear_backend=args.linear_backend)
+    decoder = Decoder(args.target, args.draft, linear_backend=args.linear_backend)
     draft = decoder.model("draft")
+    if args.weight == "acceptance":
+        target = decoder.model("target")
+
+        def score(ids: list[int], n: int) -> Any:
+            return acceptance_probs(target, draft, ids, n)
+    else:
+        def score(ids: list[int], n: int) -> Any:
+            return teacher_forced_probs(draft, ids, n)
     settings = {"method": "draft", "max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
 
     bar = tqdm(total=len(instructions), desc="draft answers", unit="answer")
     mass, positions = answer_mass(
         # one seed per answer, distinct across --seed values for any --count below 100,003
         lambda text, index: decoder.generate(text, seed=args.seed * 100_003 + index, **settings),
-        lambda ids, n: teacher_forced_probs(draft, ids, n),
+        score,
         lambda text: encode_prompt(draft.tokenizer, text, True), instructions,
         progress=lambda done, total: bar.update(1) or bar.set_postfix(positions=total))
     bar.close()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     np.save(out, mass)
-    meta = {"draft": args.draft or "default", "linear_backend": args.linear_backend, "instructions": len(instructions),
+    acceptance = args.weight == "acceptance"
+    meta = {"draft": args.draft or "default", "linear_backend": args.linear_backend, "weight": args.weight,
+            **({"target": args.target or "default"} if acceptance else {}), "instructions": len(instructions),
             "instruction_seed": args.seed, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
             "positions": positions, "source": "verispec.drafters.vocab_answers (templates written for the ranking; "
                                               "no evaluation prompts)",
             "command": f"python -m verispec.drafters.vocab_ranking answers --linear-backend {args.linear_backend} "
                        f"--count {args.count} --max-new-tokens {args.max_new_tokens} --temperature "
-                       f"{args.temperature:g} --seed {args.seed}" + (f" --draft {args.draft}" if args.draft else "")}
+                       f"{args.temperature:g} --seed {args.seed}" + (f" --draft {args.draft}" if args.draft else "")
+                       + (" --weight acceptance" + (f" --target {args.target}" if args.target else "")
+                          if acceptance else "")}
     out.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
-    print(f"{out}: the draft's expected token mass over {positions} answer positions of {len(instructions)} "
-          f"instructions")
+    print(f"{out}: {'the acceptance' if acceptance else 'the draft'}'s expected token mass over {positions} answer "
+          f"positions of {len(instructions)} instructions")
     return 0
 
 
@@ -295,7 +313,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="its share of the mass (with --answers; default: the shipped ranking's)")
     a = commands.add_parser("answers", help=answers.__doc__)
     a.add_argument("--draft", help="the draft model (default: the embedded pair's)")
-    a.add_argument("--linear-backend", default="int4", help="the draft's linear backend")
+    a.add_argument("--linear-backend", default="int4", help="the models' linear backend")
+    a.add_argument("--weight", choices=("draft", "acceptance"), default="draft",
+                   help="what each answer position adds: the draft's law, or min(target's law, draft's law)")
+    a.add_argument("--target", help="the target model of --weight acceptance (default: the embedded pair's)")
     a.add_argument("--count", type=int, default=200, help="instructions answered")
     a.add_argument("--max-new-tokens", type=int, default=192, help="tokens per answer at most")
     a.add_argument("--temperature", type=float, default=1.0, help="the answers' sampling temperature")
@@ -316,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
             ranking_instructions(args.count, args.seed)  # a bad count fails before minutes of loading
         except ValueError as error:
             parser.error(f"--count: {error}")
+        if args.target and args.weight != "acceptance":
+            parser.error("--target is the target of --weight acceptance; add --weight acceptance or drop --target")
         if args.max_new_tokens < 1 or args.temperature < 0:
             parser.error("--max-new-tokens must be >= 1 and --temperature >= 0")
     return {"build": build, "answers": answers, "coverage": report_coverage}[args.command](args)
