@@ -10,7 +10,7 @@ from tests.stats import FALSE_ALARM, chi_square_pvalue, target_law
 from verispec.engine import DecodeConfig, Engine
 from verispec.errors import ConfigError
 from verispec.models.tabular import TabularLM
-from verispec.sampling import SamplingConfig
+from verispec.sampling import SamplingConfig, process_logits
 
 MULTIPATH = ["gbv", "specinfer", "spectr", "nss", "traversal"]
 PROMPT = "def add(a, b):\n    return"
@@ -74,3 +74,23 @@ def test_eos_inside_a_multipath_block(tiny_pair, tokenizer):
     engine = Engine(tiny_pair["target"], tiny_pair["same"], eos_token_ids=[reference[position]])
     out = engine.decode(prompt, DecodeConfig("gbv", gamma=4, max_new_tokens=30, paths=2))
     assert out.tokens == reference[: position + 1] and out.stopped_at_eos
+
+
+def test_a_gbv_round_processes_only_the_rows_of_the_path_it_selects(tiny_pair, tokenizer, monkeypatch):
+    """GBV reads p through `PathLaws`: per round the target's logits of the selected path's γ'+1 nodes are turned
+    into laws, not those of the whole tree (the other paths' nodes)."""
+    import verispec.engine as engine_module
+
+    processed: list[int] = []
+
+    def counting(logits, sampling):
+        processed.append(logits.shape[0])
+        return process_logits(logits, sampling)
+
+    monkeypatch.setattr(engine_module, "process_logits", counting)
+    prompt = tokenizer(PROMPT)["input_ids"]
+    engine = Engine(tiny_pair["target"], tiny_pair["partial"])
+    config = DecodeConfig("gbv", gamma=3, max_new_tokens=40, paths=3, sampling=SamplingConfig(temperature=1.0))
+    rounds = engine.decode(prompt, config).trace.rounds
+    assert any(r.tree_nodes > r.drafted for r in rounds)  # the paths branched: the tree had rows GBV never read
+    assert sum(processed) == sum(r.drafted + 1 for r in rounds)

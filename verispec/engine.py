@@ -33,7 +33,7 @@ from verispec.models.protocol import CausalLM
 from verispec.models.threads import shared_cores
 from verispec.sampling import SamplingConfig, process_logits
 from verispec.trace import RoundTrace, Trace
-from verispec.verify import candidate_tree_verify
+from verispec.verify import PathLaws, candidate_tree_verify
 from verispec.verify.relaxed import relaxed_verify
 
 __all__ = ["MULTIPATH_PATHS", "DecodeConfig", "DecodeOutput", "Engine", "ScoredBlock", "path_rows", "roll_back",
@@ -153,14 +153,13 @@ class Engine:
                 trace.target_calls, trace.target_tokens = trace.target_calls + 1, trace.target_tokens + scored.fed
 
             # 3. Verify against the processed distributions actually sampled from.
-            p = scored.p  # [K, γ'+1, V]
             if method.relaxed:  # the gates read the unprocessed target law p̃ (docs/algorithms.md §6.2)
                 p_gate = scored.per_path(torch.softmax(scored.logits.to(torch.float64), dim=-1))
-                single, leaks = relaxed_verify(method.name, block.as_tensor()[0], block.q[0], p[0], p_gate[0],
-                                               knobs, generator)
+                single, leaks = relaxed_verify(method.name, block.as_tensor()[0], block.q[0], scored.p[0],
+                                               p_gate[0], knobs, generator)
                 result = MultiPathResult(path=0, accepted=single.accepted, token=single.token)
             else:
-                result = verify_block(method, block, p, generator)
+                result = verify_block(method, block, scored, generator)
             t3 = time.perf_counter()
 
             # 4. Commit the accepted prefix of the chosen path and the extra token; cut at EOS, max_new_tokens.
@@ -177,11 +176,11 @@ class Engine:
                 paths=len(block.tokens), tree_nodes=len(scored.tree.tokens), drafter=block.drafter,
             )
             if method.relaxed:
-                record_relaxed(round_trace, block, p, result.accepted, leaks)
+                record_relaxed(round_trace, block, scored.p, result.accepted, leaks)
             if observers:  # measurements outside the method: timed apart, kept out of time_total
                 t_diag = time.perf_counter()
                 for observer in observers:
-                    observer.on_round(block, p, result, round_trace, gamma)
+                    observer.on_round(block, scored.p, result, round_trace, gamma)
                 trace.time_diagnostics += time.perf_counter() - t_diag
             trace.rounds.append(round_trace)
             trace.time_draft += t1 - t0 + (t2 - t1 if decoder_is_draft else 0.0)
@@ -212,6 +211,14 @@ class ScoredBlock:
         """Return the processed law (float64) sampled from at every path position, `[K, γ'+1, V]` (computed on
         first use, so that the loop times it as verification, not as the decoder's pass)."""
         return self.per_path(process_logits(self.logits, self.sampling))
+
+    @cached_property
+    def laws(self) -> PathLaws:
+        """Return the same law as `p`, each node's row processed on first read (for verifiers that read few rows)."""
+        if "p" in self.__dict__:  # already processed: hand out its rows
+            return PathLaws.of(self.p)
+        return PathLaws(lambda nodes: process_logits(self.logits[nodes], self.sampling), path_nodes(self.tree),
+                        self.logits.shape[-1])
 
     def per_path(self, node_rows: torch.Tensor) -> torch.Tensor:
         """Return rows `[N+1, ...]` of the root and the tree nodes laid out per path, `[K, γ'+1, ...]`."""
@@ -269,25 +276,33 @@ def tree_pass(decoder: CausalLM, tokens: list[int], block: DraftBlock) -> tuple[
     return logits, tree, len(new) + len(tree.tokens)
 
 
+def path_nodes(tree: PrefixTree) -> torch.Tensor:
+    """Return `[K, γ'+1]` long: which of the rows `[N+1, ...]` (the root, then the tree nodes) is row i of path k,
+    the node after its first i tokens."""
+    return torch.tensor([[0] + [1 + node for node in nodes] for nodes in tree.node_of])
+
+
 def path_rows(node_rows: torch.Tensor, tree: PrefixTree) -> torch.Tensor:
     """Return the rows `[N+1, ...]` of the root and the tree nodes (from `tree_pass`) laid out per path,
     `[K, γ'+1, ...]`: row i of path k is the node after its first i tokens (the multi-path contract)."""
     if tree.is_chain:
         return node_rows.unsqueeze(0)  # the nodes are the path, in order
-    rows = torch.tensor([[0] + [1 + node for node in nodes] for nodes in tree.node_of])  # [K, γ'+1]
+    rows = path_nodes(tree)  # [K, γ'+1]
     # index_select, not node_rows[rows]: the same copy, measured 2.8x faster on 15 rows of 151,936 float64
     return torch.index_select(node_rows, 0, rows.view(-1).to(node_rows.device)).view(*rows.shape, *node_rows.shape[1:])
 
 
-def verify_block(method: Method, block: DraftBlock, p: torch.Tensor, generator: torch.Generator) -> MultiPathResult:
-    """Verify `block` against p `[K, γ'+1, V]` with `method`'s verifier, except that fixed candidates (K > 1, not
-    i.i.d.) go through the candidate-tree rule whatever the multi-path method (docs/algorithms.md §6.1)."""
+def verify_block(method: Method, block: DraftBlock, scored: ScoredBlock, generator: torch.Generator) -> MultiPathResult:
+    """Verify `block` against the law p `[K, γ'+1, V]` of its pass with `method`'s verifier (as `PathLaws` where
+    the verifier reads p by row), except that fixed candidates (K > 1, not i.i.d.) go through the candidate-tree
+    rule whatever the multi-path method (docs/algorithms.md §6.1)."""
     if block.deterministic and method.multipath:
-        return candidate_tree_verify(block.as_tensor(), block.q, p, generator)
-    return verify_paths(method, block.as_tensor(), block.q, p, generator)
+        return candidate_tree_verify(block.as_tensor(), block.q, scored.p, generator)
+    return verify_paths(method, block.as_tensor(), block.q, scored.laws if method.reads_rows else scored.p,
+                        generator)
 
 
-def verify_paths(method: Method, draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+def verify_paths(method: Method, draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor | PathLaws,
                  generator: torch.Generator) -> MultiPathResult:
     """Run `method`'s verifier on K paths (`[K, γ]`, `[K, γ, V]`, `[K, γ+1, V]`); single-path ones see path 0."""
     if method.multipath:

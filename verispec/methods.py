@@ -67,6 +67,7 @@ class Method:
     multipath: bool = False  # verify takes K paths ([K, γ], [K, γ, V], [K, γ+1, V]) and returns MultiPathResult
     learned_stop: bool = False  # the draft run ends at the learned verifier's first rejection or at the cap (§3.1)
     relaxed: bool = False  # a lossy gate of verify/relaxed.py: the engine passes DecodeConfig's knobs and p̃
+    reads_rows: bool = False  # verify reads few rows of p: the engine passes p as `PathLaws`, computed per row
     # Exact E[τ] of one round given the drafted block(s), the verifier's own randomness integrated out (same inputs
     # as `verify`); None where a method drafts no block or decides its length as it drafts (SPRINTER).
     expected_accepted: ExpectedAccepted | None = None
@@ -83,7 +84,7 @@ METHODS: dict[str, Method] = {
         Method("bv", "block verification: a joint accept rule over the whole block (§1)", "target", True,
                block_verify, True, expected_accepted=_law_mean(block_verify_law)),
         Method("gbv", "greedy multi-path block verification over K i.i.d. paths (§2)", "target", True,
-               gbv_verify, True, multipath=True, expected_accepted=_gbv_expected_accepted),
+               gbv_verify, True, multipath=True, reads_rows=True, expected_accepted=_gbv_expected_accepted),
         Method("specinfer", "multi-path recursive rejection sampling (SpecInfer, §2.9)", "target", True,
                specinfer_verify, True, multipath=True, expected_accepted=_walk_mean("specinfer")),
         Method("spectr", "multi-path K-SEQ optimal-transport verification (SpecTr, §2.9)", "target", True,

@@ -12,8 +12,10 @@ import verispec.verify.gbv as gbv
 from tests.stats import max_abs_diff, target_law
 from tests.verify.exact import block_inputs, draft_tuples, expected_accepted, paths_inputs, speculative_law
 from tests.verify.test_multipath import CONTEXT, pair
+from verispec.drafting import merge_paths
+from verispec.engine import path_nodes
 from verispec.models.tabular import TabularLM
-from verispec.verify import MultiPathResult, block_verify_law, draw, gbv_verify, gbv_verify_law
+from verispec.verify import MultiPathResult, PathLaws, block_verify_law, draw, gbv_verify, gbv_verify_law
 
 CASES = [(1, 1), (2, 1), (3, 1), (1, 2), (2, 2), (1, 3), (2, 3), (3, 2)]  # (γ, K), V = 3
 
@@ -219,3 +221,60 @@ def test_node_order_matches_a_brute_force_sort_on_a_large_vocabulary():
     assert torch.allclose(order.below, torch.tensor(below, dtype=torch.float64), rtol=0, atol=1e-14)
     sample = torch.randint(vocab, (300,), generator=generator).tolist() + list(range(50))
     assert sorted(sample, key=order.sort_key) == sorted(sample, key=reference_key)
+
+
+def lazy_laws(draft_tokens: torch.Tensor, p: torch.Tensor, read: list[int]) -> PathLaws:
+    """p `[K, γ+1, V]` as `PathLaws` over its prefix tree's nodes, as the engine builds it; `read` records the nodes
+    whose rows were computed."""
+    tree = merge_paths(draft_tokens.tolist())
+    nodes = path_nodes(tree)  # [K, γ+1]: the root is node 0
+    by_node = torch.empty(len(tree.tokens) + 1, p.shape[-1], dtype=torch.float64)
+    by_node[nodes.view(-1)] = p.reshape(-1, p.shape[-1])
+
+    def rows(ids: list[int]) -> torch.Tensor:
+        read.extend(ids)
+        return by_node[ids]
+
+    return PathLaws(rows, nodes, p.shape[-1])
+
+
+def test_path_laws_hand_out_the_dense_rows_and_compute_each_node_once():
+    target, draft = pair(1)
+    paths = ((2, 0, 1), (2, 0, 2), (1, 1, 1))
+    tokens, _, p = paths_inputs(target, draft, CONTEXT, paths)
+    nodes = path_nodes(merge_paths(tokens.tolist())).tolist()  # [K][γ+1]: paths 0 and 1 share 3 nodes
+    read: list[int] = []
+    laws = lazy_laws(tokens, p, read)
+    assert laws.shape == p.shape and laws.dim() == 3
+    assert torch.equal(laws.row(1, 2), p[1, 2]) and read == [nodes[1][2]]  # the node after (2, 0): one row
+    assert torch.equal(laws.path(0), p[0])
+    assert read == [nodes[1][2], nodes[0][0], nodes[0][1], nodes[0][3]]  # (2, 0) is not computed again
+    assert torch.equal(laws.tensor(), p) and len(read) == len(set(read)) == 8  # the root and 7 distinct prefixes
+    dense = PathLaws.of(p.float())
+    assert dense.row(2, 1).dtype == torch.float64 and torch.equal(dense.tensor(), p.float().double())
+
+
+@pytest.mark.parametrize("gamma,k", [(2, 2), (2, 3), (3, 2)])
+def test_gbv_on_rows_computed_per_node_is_exact_and_reads_only_the_selected_path(gamma, k):
+    """The law from `PathLaws` equals the dense law on every K-tuple (so GBV stays exact through it: the enumeration
+    above), and only the selected path's γ+1 rows are ever computed."""
+    target, draft = pair(0)
+    tuples = 0
+    for paths, _ in draft_tuples(draft, CONTEXT, gamma, k):
+        tokens, q, p = paths_inputs(target, draft, CONTEXT, paths)
+        read: list[int] = []
+        chosen, law = gbv_verify_law(tokens, q, lazy_laws(tokens, p, read))
+        dense_chosen, dense = gbv_verify_law(tokens, q, p)
+        assert chosen == dense_chosen
+        assert torch.equal(law.stop, dense.stop) and torch.equal(law.weights, dense.weights)
+        assert torch.equal(law.q, dense.q)
+        assert read == path_nodes(merge_paths(tokens.tolist()))[chosen].tolist()  # each once, root to leaf
+        tuples += 1
+    assert tuples == (3 ** gamma) ** k  # every K-tuple of paths over V = 3
+
+
+def test_gbv_through_per_node_rows_reproduces_the_target_law_exactly():
+    def law_fn(tokens, q, p):
+        return gbv_verify_law(tokens, q, lazy_laws(tokens, p, []))
+
+    assert gbv_error(*pair(1), 2, 3, law_fn) < 1e-12

@@ -4,10 +4,13 @@
 //
 // Why: on a 151,936-token vocabulary GBV's law made about 18 full-vocabulary tensor passes per node of the path
 // (order, prefix sums, q_skew, normalisation), each a separate allocation and loop; here a node is three passes
-// and one sort of the ranked tokens only. Everything is float64 and single-threaded, like the engine's verify step.
+// and one sort of the ranked tokens only. Everything is float64; the passes run over fixed chunks of the vocabulary
+// on torch's threads, so the results do not depend on how many threads ran them.
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <tuple>
@@ -55,34 +58,25 @@ double sum_of(const double* x, int64_t n) {
   return total;
 }
 
-// below[t] = Σ_{s<t, q_s < threshold} q_s for the unranked tokens (q_t < threshold); the ranked tokens' entries are
-// left for the caller. Returns the unranked mass. The vocabulary is cut into kLanes chunks whose running sums
-// advance side by side (a prefix sum is one long chain of dependent adds otherwise), then each chunk is shifted
-// by the mass of the chunks before it.
-double unranked_prefix(const double* q, int64_t n, double threshold, double* below) {
-  const int64_t chunk = (n + kLanes - 1) / kLanes;
-  double lane[kLanes] = {0.0};
-  const int64_t whole = n / chunk;  // chunks with `chunk` entries (the last one may be shorter)
-  for (int64_t i = 0; i < chunk; ++i) {
-    for (int j = 0; j < whole; ++j) {  // branch-free: a ranked token adds 0 and its entry is overwritten later
-      const int64_t t = j * chunk + i;
-      const double mass = q[t] < threshold ? q[t] : 0.0;
-      below[t] = lane[j];
-      lane[j] += mass;
-    }
-  }
-  for (int64_t t = whole * chunk; t < n; ++t) {
-    const double mass = q[t] < threshold ? q[t] : 0.0;
-    below[t] = lane[whole];
-    lane[whole] += mass;
-  }
-  double offset = lane[0];
-  for (int j = 1; j < kLanes; ++j) {
-    const int64_t end = std::min(n, (j + 1) * chunk);
-    for (int64_t t = j * chunk; t < end; ++t) below[t] += offset;  // ranked entries are overwritten later
-    offset += lane[j];
-  }
-  return offset;
+// The vocabulary cut into kChunks contiguous chunks, the same for any thread count: the chunks' partial sums are
+// combined in chunk order, so every result is the same whether one thread or several ran the chunks.
+constexpr int64_t kChunks = 8;
+
+struct Chunk {
+  int64_t begin, end;
+};
+
+inline Chunk chunk_of(int64_t j, int64_t n) {
+  const int64_t size = (n + kChunks - 1) / kChunks;
+  return {std::min(n, j * size), std::min(n, (j + 1) * size)};
+}
+
+// Run body(j) for every chunk j, the chunks spread over torch's threads (at::parallel_for: OpenMP in this build).
+template <typename Body>
+void for_each_chunk(Body body) {
+  at::parallel_for(0, kChunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) body(j);
+  });
 }
 
 // skew[t] = q(t)·Σ_{j<K} a^j b^(K−1−j) (unnormalised q_skew, §2.3) with a, b the best-of-K CDF bounds of token t
@@ -128,14 +122,44 @@ std::tuple<torch::Tensor, double> skewed_draft_row(torch::Tensor p, torch::Tenso
   thread_local std::vector<double> scratch;  // reused: a fresh [V] buffer per node costs its page faults
   scratch.resize(vocab);
   double* below = scratch.data();
+  std::array<double, kChunks> part{};  // one partial result per chunk
 
-  const double threshold = std::min(min_q, min_share * max_of(qq, vocab));
+  for_each_chunk([&](int64_t j) {
+    const Chunk c = chunk_of(j, vocab);
+    part[j] = max_of(qq + c.begin, c.end - c.begin);
+  });
+  const double threshold = std::min(min_q, min_share * *std::max_element(part.begin(), part.end()));
 
-  // The unranked tokens below every ranked one, by id; then the ranked ones by their keys.
-  const double unranked = unranked_prefix(qq, vocab, threshold, below);
-  std::vector<std::pair<int64_t, int64_t>> ranked;  // (key bits, id)
-  for (int64_t t = 0; t < vocab; ++t)
-    if (qq[t] >= threshold) ranked.emplace_back(ratio_bits(pp[t], qq[t]), t);
+  // The unranked tokens below every ranked one, by id: each chunk's running sum of their q (a prefix sum is one
+  // chain of dependent adds, so the chunks run side by side), shifted by the chunks before it. Then the ranked
+  // ones by their keys. Each chunk also lists its ranked tokens, in id order.
+  std::array<std::vector<std::pair<int64_t, int64_t>>, kChunks> ranked_in;  // (key bits, id)
+  for_each_chunk([&](int64_t j) {
+    const Chunk c = chunk_of(j, vocab);
+    double mass = 0.0;
+    for (int64_t t = c.begin; t < c.end; ++t) {
+      below[t] = mass;  // a ranked token's entry is overwritten below
+      if (qq[t] < threshold) {
+        mass += qq[t];
+      } else {
+        ranked_in[j].emplace_back(ratio_bits(pp[t], qq[t]), t);
+      }
+    }
+    part[j] = mass;
+  });
+  std::array<double, kChunks> offset{};
+  double unranked = 0.0;
+  for (int64_t j = 0; j < kChunks; ++j) {
+    offset[j] = unranked;
+    unranked += part[j];
+  }
+  for_each_chunk([&](int64_t j) {
+    const Chunk c = chunk_of(j, vocab);
+    if (j > 0)
+      for (int64_t t = c.begin; t < c.end; ++t) below[t] += offset[j];
+  });
+  std::vector<std::pair<int64_t, int64_t>> ranked;
+  for (const auto& chunk : ranked_in) ranked.insert(ranked.end(), chunk.begin(), chunk.end());
   std::sort(ranked.begin(), ranked.end());  // ascending key, ties by id: one total order (§2.2)
   double mass = unranked;
   for (const auto& entry : ranked) {
@@ -157,15 +181,26 @@ std::tuple<torch::Tensor, double> skewed_draft_row(torch::Tensor p, torch::Tenso
   const double scale = std::max(mass_a + mass_x, kMinDraftProb);
   const double x_scaled = mass_x / scale;
   const double a_scaled = mass_a / scale;
-  switch (k) {  // the common path counts as compile-time constants, so the loop vectorises
-    case 2: skew_weights<2>(qq, below, vocab, x_scaled, a_scaled, k, skew); break;
-    case 3: skew_weights<3>(qq, below, vocab, x_scaled, a_scaled, k, skew); break;
-    case 4: skew_weights<4>(qq, below, vocab, x_scaled, a_scaled, k, skew); break;
-    default: skew_weights<0>(qq, below, vocab, x_scaled, a_scaled, k, skew);
-  }
-  const double total = sum_of(skew, vocab);
+  for_each_chunk([&](int64_t j) {
+    const Chunk c = chunk_of(j, vocab);
+    const int64_t n = c.end - c.begin;
+    const double *qc = qq + c.begin, *bc = below + c.begin;
+    double* sc = skew + c.begin;
+    switch (k) {  // the common path counts as compile-time constants, so the loop vectorises
+      case 2: skew_weights<2>(qc, bc, n, x_scaled, a_scaled, k, sc); break;
+      case 3: skew_weights<3>(qc, bc, n, x_scaled, a_scaled, k, sc); break;
+      case 4: skew_weights<4>(qc, bc, n, x_scaled, a_scaled, k, sc); break;
+      default: skew_weights<0>(qc, bc, n, x_scaled, a_scaled, k, sc);
+    }
+    part[j] = sum_of(sc, n);
+  });
+  double total = 0.0;
+  for (double v : part) total += v;
   if (total > 0.0) {
-    for (int64_t t = 0; t < vocab; ++t) skew[t] /= total;
+    for_each_chunk([&](int64_t j) {
+      const Chunk c = chunk_of(j, vocab);
+      for (int64_t t = c.begin; t < c.end; ++t) skew[t] /= total;
+    });
   } else {  // underflow only
     std::memcpy(skew, qq, vocab * sizeof(double));
   }
@@ -183,18 +218,28 @@ torch::Tensor positive_mass(torch::Tensor weights, torch::Tensor p, torch::Tenso
   q = q.contiguous();
   weights = weights.contiguous();
   const int64_t rows = p.size(0), vocab = p.size(1);
+  std::vector<double> part(rows * kChunks, 0.0);  // (row, chunk) partial sums, combined in chunk order
+  at::parallel_for(0, rows * kChunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t r = i / kChunks;
+      const Chunk c = chunk_of(i % kChunks, vocab);
+      const double* pr = p.data_ptr<double>() + r * vocab;
+      const double* qr = q.data_ptr<double>() + r * vocab;
+      const double w = weights.data_ptr<double>()[r];
+      double lane[kLanes] = {0.0};
+      int64_t v = c.begin;
+      for (; v + kLanes <= c.end; v += kLanes)
+        for (int j = 0; j < kLanes; ++j) lane[j] += std::max(w * pr[v + j] - qr[v + j], 0.0);
+      for (; v < c.end; ++v) lane[0] += std::max(w * pr[v] - qr[v], 0.0);
+      double sum = 0.0;
+      for (double x : lane) sum += x;
+      part[i] = sum;
+    }
+  });
   auto out = torch::empty({rows}, p.options());
   for (int64_t r = 0; r < rows; ++r) {
-    const double* pr = p.data_ptr<double>() + r * vocab;
-    const double* qr = q.data_ptr<double>() + r * vocab;
-    const double w = weights.data_ptr<double>()[r];
-    double lane[kLanes] = {0.0};
-    int64_t v = 0;
-    for (; v + kLanes <= vocab; v += kLanes)
-      for (int j = 0; j < kLanes; ++j) lane[j] += std::max(w * pr[v + j] - qr[v + j], 0.0);
-    for (; v < vocab; ++v) lane[0] += std::max(w * pr[v] - qr[v], 0.0);
     double sum = 0.0;
-    for (double x : lane) sum += x;
+    for (int64_t j = 0; j < kChunks; ++j) sum += part[r * kChunks + j];
     out.data_ptr<double>()[r] = sum;
   }
   return out;

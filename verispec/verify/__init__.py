@@ -14,6 +14,7 @@ Glossary (docs/algorithms.md §0; p = target, q = draft, always):
   (selected path, BlockLaw) for GBV, {MultiPathResult: probability} for the tree walks and traversal.
 
 Every verifier here is a pure function of tensors (draft tokens, q, p, a torch.Generator): no models, no caches.
+(GBV also takes p as `PathLaws`: the same tensor, each tree node's row computed from the logits when first read.)
 Each one first computes its exact output law (`BlockLaw`: P(τ = i) and the residual at each i), then draws one
 outcome from it; the law is what the exact-enumeration tests check, and the draw is shared by all verifiers.
 Each law also gives E[τ] given the drafted block(s) exactly (`BlockLaw.expected_accepted`,
@@ -42,12 +43,13 @@ from verispec.verify.multipath import (
 from verispec.verify.relaxed import RelaxedKnobs, relaxed_law, relaxed_position_law, relaxed_verify
 from verispec.verify.token import token_verify, token_verify_law
 from verispec.verify.traversal import traversal_expected_accepted, traversal_verify, traversal_verify_law
-from verispec.verify.tree import MultiPathResult, build_prefix_tree, draw_outcome
+from verispec.verify.tree import MultiPathResult, PathLaws, build_prefix_tree, draw_outcome
 
 __all__ = [
     "NODE_LAWS",
     "BlockLaw",
     "MultiPathResult",
+    "PathLaws",
     "VerifyResult",
     "block_verify",
     "block_verify_law",

@@ -16,7 +16,7 @@ import torch
 from verispec.native.laws import law_kernel
 from verispec.verify.block import block_verify_law
 from verispec.verify.common import MIN_DRAFT_PROB, BlockLaw, draw
-from verispec.verify.tree import MultiPathResult, build_prefix_tree, check_paths_shapes
+from verispec.verify.tree import MultiPathResult, PathLaws, build_prefix_tree, check_paths_shapes
 
 # A token is ranked by its ratio key when its draft probability at the node is at least
 # min(RANKED_MIN_Q, RANKED_MIN_SHARE · max_t q(t|u)); every other token ranks below all ranked ones, in token-id order
@@ -156,17 +156,20 @@ def node_step(p_u: torch.Tensor, q_u: torch.Tensor, children: Sequence[int], mas
     return child, float(below[list(children).index(child)])
 
 
-def gbv_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, min_q: float = RANKED_MIN_Q,
-                   min_share: float = RANKED_MIN_SHARE, use_kernel: bool = True) -> tuple[int, BlockLaw]:
+def gbv_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor | PathLaws,
+                   min_q: float = RANKED_MIN_Q, min_share: float = RANKED_MIN_SHARE,
+                   use_kernel: bool = True) -> tuple[int, BlockLaw]:
     """Return (k, law): the selected path k and the exact law of BV on it with q := q_skew (§2.4).
 
-    draft_tokens: [K, γ] long; q: [K, γ, V]; p: [K, γ+1, V] (the contract of `verispec.verify.tree`).
+    draft_tokens: [K, γ] long; q: [K, γ, V]; p: [K, γ+1, V] (the contract of `verispec.verify.tree`), dense or as
+    `PathLaws`: only the γ+1 rows of the selected path are read.
     `law.q` holds q_skew along the selected path; the kept prefix is draft_tokens[k, :τ]. min_q, min_share: which
     tokens the order ranks by ratio (`node_order`; min_q = 0: all of them). use_kernel=False: the torch reference
     only, for every vocabulary-wide step (the kernel computes the same law; tests compare the two).
     """
     check_paths_shapes(draft_tokens, q, p)
-    p, q = p.to(torch.float64), q.to(torch.float64)
+    laws = p if isinstance(p, PathLaws) else PathLaws.of(p)
+    q = q.to(torch.float64)
     k, gamma = draft_tokens.shape  # duplicate paths still count: K is the number of draws (§2.6)
     tree = build_prefix_tree(draft_tokens)
     prefix: tuple[int, ...] = ()
@@ -174,7 +177,7 @@ def gbv_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     q_skew = torch.empty(gamma, q.shape[-1], dtype=torch.float64, device=q.device)  # [γ, V]
     for depth in range(gamma):
         node = tree[prefix]
-        q_u, p_u = q[node.path, depth], p[node.path, depth]  # [V], [V]
+        q_u, p_u = q[node.path, depth], laws.row(node.path, depth)  # [V], [V]
         # Step B (the skew) and Step A (greedy descent over the distinct children) by one order (§2.2)
         child, below = node_step(p_u, q_u, list(node.children), mass_a, mass_x, k, min_q, min_share, q_skew[depth],
                                  use_kernel)
@@ -182,12 +185,12 @@ def gbv_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
         mass_a, mass_x = mass_a + mass_x * below, mass_x * float(q_u[child])
         prefix += (child,)
     chosen = tree[prefix].path
-    law = block_verify_law(draft_tokens[chosen], q_skew, p[chosen], use_kernel)  # Step C: BV with q := q_skew
+    law = block_verify_law(draft_tokens[chosen], q_skew, laws.path(chosen), use_kernel)  # Step C: BV, q := q_skew
     return chosen, law
 
 
 def gbv_verify(
-    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
+    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor | PathLaws, generator: torch.Generator | None = None
 ) -> MultiPathResult:
     """Verify K draft paths with greedy multi-path block verification; return (path, accepted τ, extra token).
 

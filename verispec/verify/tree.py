@@ -5,11 +5,14 @@ Every multi-path verifier takes
 - q: [K, γ, V], q[k, i] = q(·|first i tokens of path k);
 - p: [K, γ+1, V], p[k, i] = p(·|first i tokens of path k).
 Rows of paths that share a prefix are identical, so a tree node reads its rows from any one path through it.
+A verifier that reads only a few of those rows (GBV reads the γ+1 of the path it selects) may also take p as
+`PathLaws`, which computes each tree node's row on first read.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -61,7 +64,65 @@ def build_prefix_tree(draft_tokens: torch.Tensor) -> NodesByPrefix:
     return tree
 
 
-def check_paths_shapes(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> None:
+class PathLaws:
+    """p `[K, γ+1, V]` of the contract, read by row: `row(k, i)` = p[k, i], `path(k)` = p[k].
+
+    Built on a dense tensor (`PathLaws.of`) it hands out views of it. Built on the tree's nodes, each node's row is
+    computed on first read by `rows(node ids) -> [n, V]` and kept: processing the logits of a 3-path tree's 9-11
+    nodes into float64 laws, and laying them out per path, was most of GBV's verification step, which reads 5.
+    """
+
+    def __init__(self, rows: Callable[[list[int]], torch.Tensor], node_of: torch.Tensor, vocab_size: int,
+                 dense: torch.Tensor | None = None) -> None:
+        self._rows = rows  # node ids -> their laws [n, V] (float64)
+        self.node_of = node_of  # [K, γ+1] long: the node whose row is p[k, i]
+        self.vocab_size = vocab_size
+        self._dense = dense
+        self._computed: dict[int, torch.Tensor] = {}
+
+    @classmethod
+    def of(cls, p: torch.Tensor) -> PathLaws:
+        """Wrap a dense p `[K, γ+1, V]` (widened to float64 once)."""
+        p = p.to(torch.float64)
+        k, rows, vocab_size = p.shape
+        return cls(lambda ids: p.view(-1, vocab_size)[ids], torch.arange(k * rows).view(k, rows), vocab_size, p)
+
+    @property
+    def shape(self) -> torch.Size:
+        """`(K, γ+1, V)`, as the dense tensor's."""
+        return torch.Size((*self.node_of.shape, self.vocab_size))
+
+    def dim(self) -> int:
+        """3, as the dense tensor's."""
+        return 3
+
+    def _nodes(self, nodes: list[int]) -> list[torch.Tensor]:
+        missing = [node for node in dict.fromkeys(nodes) if node not in self._computed]
+        if missing:  # one call for all the missing rows: a batch of rows is cheaper than rows one by one
+            for node, row in zip(missing, self._rows(missing), strict=True):
+                self._computed[node] = row
+        return [self._computed[node] for node in nodes]
+
+    def row(self, k: int, i: int) -> torch.Tensor:
+        """Return p[k, i] `[V]` (float64)."""
+        if self._dense is not None:
+            return self._dense[k, i]
+        return self._nodes([int(self.node_of[k, i])])[0]
+
+    def path(self, k: int) -> torch.Tensor:
+        """Return p[k] `[γ+1, V]` (float64)."""
+        if self._dense is not None:
+            return self._dense[k]
+        return torch.stack(self._nodes(self.node_of[k].tolist()))
+
+    def tensor(self) -> torch.Tensor:
+        """Return the whole p `[K, γ+1, V]` (every node computed)."""
+        if self._dense is not None:
+            return self._dense
+        return torch.stack([self.path(k) for k in range(self.node_of.shape[0])])
+
+
+def check_paths_shapes(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor | PathLaws) -> None:
     """Assert the multi-path contract: draft_tokens [K, γ], q [K, γ, V], p [K, γ+1, V], K ≥ 1."""
     assert draft_tokens.dim() == 2 and draft_tokens.shape[0] >= 1, (
         f"draft_tokens must be [K >= 1, gamma], got {tuple(draft_tokens.shape)}"
