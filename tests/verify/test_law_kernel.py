@@ -110,3 +110,26 @@ def test_the_kernel_rejects_bad_rows(kernel):
         kernel.skewed_draft_row(p, q, 0.0, 1.0, 0.0, 1.0, 2, out, torch.tensor([100]))
     with pytest.raises(RuntimeError, match="one vocabulary"):
         kernel.skewed_draft_row(p, q[:50], 0.0, 1.0, 0.0, 1.0, 2, out, torch.tensor([0]))
+
+
+def test_the_kernel_gives_the_same_bits_on_one_thread_and_on_several(kernel):
+    """Its passes run over fixed chunks of the vocabulary whose partial sums combine in one order, so the thread
+    count changes where they run, never what they compute."""
+    p, q = node_laws(30_011, seed=7)
+    tokens = torch.arange(q.numel())
+    weights = torch.tensor([1.0, 0.8, 0.3], dtype=torch.float64)
+    rows_p, rows_q = torch.stack([p, q, p]), torch.stack([q, p, q])
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            out = torch.empty_like(q)
+            below, threshold = kernel.skewed_draft_row(p, q, gbv.RANKED_MIN_Q, gbv.RANKED_MIN_SHARE, 0.37, 0.21, 3,
+                                                       out, tokens)
+            results.append((below, threshold, out, kernel.positive_mass(weights, rows_p, rows_q)))
+    finally:
+        torch.set_num_threads(before)
+    for below, threshold, out, rho in results[1:]:
+        assert torch.equal(below, results[0][0]) and threshold == results[0][1]
+        assert torch.equal(out, results[0][2]) and torch.equal(rho, results[0][3])

@@ -3,8 +3,9 @@
 // (verispec/verify/gbv.py, block.py) is the reference; tests hold the two equal.
 //
 // Why: on a 151,936-token vocabulary GBV's law made about 18 full-vocabulary tensor passes per node of the path
-// (order, prefix sums, q_skew, normalisation), each a separate allocation and loop; here a node is three passes
-// and one sort of the ranked tokens only. Everything is float64; the passes run over fixed chunks of the vocabulary
+// (order, prefix sums, q_skew, normalisation), each a separate allocation and loop; here a node is five passes (the
+// maximum, the prefix sums and their shift, q_skew with its sum, the normalisation) and one sort of the ranked
+// tokens only. Everything is float64; the passes run over fixed chunks of the vocabulary
 // on torch's threads, so the results do not depend on how many threads ran them.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
