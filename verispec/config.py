@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from verispec.drafters import check_drafter_settings
+from verispec.drafters import check_draft_confidence, check_drafter_settings
 from verispec.drafters.hybrid import HYBRID_CATCHUP
 from verispec.errors import ConfigError
 from verispec.methods import get_method
@@ -45,6 +45,8 @@ class DecodeConfig:
     # hybrid: the draft model drafts only when the tokens it must catch up on are ≤ this × the tokens still to emit
     hybrid_catchup: float = HYBRID_CATCHUP
     draft_vocab: int | None = None  # N: the draft model's head covers only the N most frequent tokens; None = all
+    # h: drafting stops after a token the draft drew with probability q(x) < h (single path, T > 0); None = never
+    draft_confidence: float | None = None
     # Lossy relaxed-acceptance rules (verify/relaxed.py, docs/algorithms.md §6.2); defaults are deployed settings.
     typical_epsilon: float = RelaxedKnobs.typical_epsilon  # typical: keep x when p̃(x) > min(ε, δ·e^{−H(p̃)})
     typical_delta: float = RelaxedKnobs.typical_delta  # typical: δ (inf: the threshold is ε alone)
@@ -82,6 +84,7 @@ class DecodeConfig:
         if not isinstance(self.seed, int):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
         check_drafter_settings(self, method)
+        check_draft_confidence(self, method)
 
     def relaxed_knobs(self) -> RelaxedKnobs:
         """Return the lossy rules' knobs (validated; ConfigError names a knob out of range)."""

@@ -43,7 +43,10 @@ class DraftBlock:
 
 
 class StopRule(Protocol):
-    """Decides, token by token, whether single-path drafting goes on (SPRINTER's learned verifier, §3.1)."""
+    """Decides, token by token, whether single-path drafting goes on (SPRINTER's learned verifier, §3.1; the draft's
+    confidence, `verispec.drafters.confidence`)."""
+
+    uses_hidden: bool  # whether `score` reads the hidden state (else the draft's forwards need not return it)
 
     def score(self, hidden: torch.Tensor, q_row: torch.Tensor, token: int, position: int) -> float:
         """Return a score for the drafted `token` at 1-based `position` in the run."""
@@ -75,12 +78,12 @@ def draft_paths(
     Drafting stops early once every path holds an EOS: nothing after an EOS can be kept, and a rule that looks
     only at drafted tokens keeps every verifier lossless (§1.4, "Variable γ"). With a `stop_rule` (one path
     only), drafting also stops at the first token the rule rejects, scored on the hidden state that produced
-    its q (§3.1); that token ends the block. The hidden state that produced each token's q is kept in
+    its q (§3.1) or on q alone; that token ends the block. The hidden state that produced each token's q is kept in
     `DraftBlock.hiddens` with a stop rule (it scores them) or with `keep_hidden` (one path: training data).
     """
     assert stop_rule is None or n_paths == 1, "a stop rule drafts a single path"
     assert not keep_hidden or n_paths == 1, "hidden states are kept for a single path"
-    keep_hidden = keep_hidden or stop_rule is not None
+    keep_hidden = keep_hidden or (stop_rule is not None and stop_rule.uses_hidden)
     paths: list[list[int]] = [[] for _ in range(n_paths)]
     positions: list[list[int]] = [[] for _ in range(n_paths)]
     if drafter is None or gamma == 0:
@@ -97,7 +100,7 @@ def draft_paths(
     if keep_hidden:
         hiddens.append(out.hidden[0])
     if stop_rule is not None:
-        scores.append(stop_rule.score(out.hidden[0], q_root[0], paths[0][0], 1))
+        scores.append(stop_rule.score(out.hidden[0] if keep_hidden else None, q_root[0], paths[0][0], 1))
     for depth in range(1, gamma):
         if all(any(t in eos_token_ids for t in path) for path in paths):
             break
@@ -119,7 +122,8 @@ def draft_paths(
         if keep_hidden:
             hiddens.append(out.hidden[0])
         if stop_rule is not None:
-            scores.append(stop_rule.score(out.hidden[0], q_depth[0], paths[0][-1], depth + 1))
+            scores.append(stop_rule.score(out.hidden[0] if keep_hidden else None, q_depth[0], paths[0][-1],
+                                          depth + 1))
     decisions = [stop_rule.accepts(score) for score in scores] if stop_rule is not None else []
     return DraftBlock(paths, torch.stack(rows, dim=1), positions, forwards, fed, scores, decisions, hiddens)
 

@@ -26,6 +26,7 @@ import torch
 from verispec.config import MULTIPATH_PATHS, DecodeConfig
 from verispec.diagnostics import RoundObserver, SprinterDiagnostics, record_relaxed
 from verispec.drafters import DraftRequest, make_drafter, round_length, uses_draft_model
+from verispec.drafters.confidence import ConfidenceStop
 from verispec.drafting import DraftBlock, PrefixTree, StopRule, merge_paths
 from verispec.errors import ConfigError
 from verispec.methods import Method, MultiPathResult, get_method
@@ -115,6 +116,8 @@ class Engine:
         if method.learned_stop:
             stop_rule = self.verifier if config.tau is None else self.verifier.with_threshold(config.tau)
             observers.append(SprinterDiagnostics(stop_rule, lossless=method.lossless))
+        elif config.draft_confidence is not None:
+            stop_rule = ConfidenceStop(config.draft_confidence)
         generator = torch.Generator().manual_seed(config.seed)
         trace = Trace(prefill_tokens=len(prompt_ids))
         decoder_is_draft = method.decoder == "draft"

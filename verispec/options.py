@@ -67,6 +67,9 @@ def add_decode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-vocab", type=int, default=DecodeConfig.draft_vocab,
                         help="N: the draft head covers only the N most frequent tokens, plus the tokens of the "
                              "prompt and the answer so far (default: all)")
+    parser.add_argument("--draft-confidence", type=float, default=DecodeConfig.draft_confidence,
+                        help="h: a draft path ends after a token the draft drew with probability below h (sd, bv; "
+                             "T > 0; lossless: only the draft length changes; default: never)")
 
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:

@@ -14,7 +14,7 @@ from verispec.verify.relaxed import RelaxedKnobs
 
 # What a variant may override, with the type of its value.
 OVERRIDES = {"gamma": int, "paths": int, "tau": float, "cap": int, "drafter": str, "ngram_min": int, "ngram_max": int,
-             "ngram_gamma": int, "hybrid_catchup": float, "draft_vocab": int,
+             "ngram_gamma": int, "hybrid_catchup": float, "draft_vocab": int, "draft_confidence": float,
              **{name: type(getattr(RelaxedKnobs, name)) for name in RelaxedKnobs.__dataclass_fields__}}
 # The lossy rules' knobs by their short names after the rule (verify/relaxed.py): short name -> DecodeConfig field.
 KNOB_NAMES = {

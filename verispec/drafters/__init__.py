@@ -69,6 +69,22 @@ def check_drafter_settings(config: Any, method: Any) -> None:
                               f"{method.name!r} with drafter {config.drafter!r} does not use")
 
 
+def check_draft_confidence(config: Any, method: Any) -> None:
+    """Raise ConfigError naming what is wrong with `config.draft_confidence` (a DecodeConfig's) for `method`."""
+    h = config.draft_confidence
+    if h is None:
+        return
+    if not isinstance(h, (int, float)) or isinstance(h, bool) or not 0.0 < h <= 1.0:
+        raise ConfigError(f"draft_confidence (the least q(x) after which drafting goes on) must be in (0, 1], got "
+                          f"{h!r}")
+    if not method.speculative or method.multipath or method.learned_stop or not uses_draft_model(config.drafter):
+        raise ConfigError(f"draft_confidence ends a draft model's single path early; method {method.name!r} with "
+                          f"drafter {config.drafter!r} drafts none (use sd or bv with drafter model or hybrid)")
+    if config.sampling.temperature == 0.0:
+        raise ConfigError("draft_confidence needs temperature > 0: at temperature 0 the draft's law is a point mass "
+                          "(q = 1 for every drafted token), so it would never stop drafting")
+
+
 def make_drafter(config: Any, draft_model: CausalLM | None) -> Drafter:
     """Return a fresh drafter for one decode with `config` (a DecodeConfig); `draft_model` None drafts nothing."""
     if config.drafter == "ngram":

@@ -94,6 +94,7 @@ class LearnedVerifier:
     hidden_size: int  # H of the draft model
     draft_model: str  # identity of the draft model (HFCausalLM.name)
     metadata: dict[str, Any] = field(default_factory=dict)  # training stats, AUC, η_FP/η_TP on validation, ...
+    uses_hidden = True  # not a field: the `StopRule` attribute (its features read the draft's hidden state)
 
     def __post_init__(self) -> None:
         check_features(self.features)
