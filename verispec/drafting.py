@@ -48,15 +48,16 @@ class StopRule(Protocol):
 
     uses_hidden: bool  # whether `score` reads the hidden state (else the draft's forwards need not return it)
 
-    def score(self, hidden: torch.Tensor, q_row: torch.Tensor, token: int, position: int) -> float:
-        """Return a score for the drafted `token` at 1-based `position` in the run."""
+    def score(self, hidden: torch.Tensor | None, q_row: torch.Tensor, token: int, position: int) -> float:
+        """Return a score for the drafted `token` at 1-based `position` in the run (`hidden`: None unless
+        `uses_hidden`)."""
         ...
 
     def accepts(self, score: float) -> bool:
         """Return whether drafting continues after a token with this score."""
         ...
 
-    def accept_mask(self, hidden: torch.Tensor, q_row: torch.Tensor, position: int) -> torch.Tensor:
+    def accept_mask(self, hidden: torch.Tensor | None, q_row: torch.Tensor, position: int) -> torch.Tensor:
         """Return `[V]` float64: 1 where drafting would continue had token v been drawn at this position, else 0."""
         ...
 
