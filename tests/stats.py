@@ -44,3 +44,8 @@ def target_law(model, context: list[int], n: int) -> dict[tuple[int, ...], float
 def max_abs_diff(a: dict, b: dict) -> float:
     """Return the largest absolute difference between two laws over the union of their supports."""
     return max(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
+
+
+def decode_counts(engine, config, runs: int, prompt: tuple[int, ...] = (0,)) -> Counter:
+    """Return how often each output the decode loop wrote over `runs` decodes of `config` with seeds 0..runs-1."""
+    return Counter(tuple(engine.decode(list(prompt), config.with_settings(seed=s)).tokens) for s in range(runs))

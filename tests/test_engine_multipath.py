@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 
-from tests.stats import FALSE_ALARM, chi_square_pvalue, target_law
+from tests.stats import FALSE_ALARM, chi_square_pvalue, decode_counts, target_law
 from verispec.engine import DecodeConfig, Engine
 from verispec.errors import ConfigError
 from verispec.models.tabular import TabularLM
@@ -55,10 +53,7 @@ def test_full_loop_law_of_block_and_multipath_methods(method):
     engine = Engine(target, draft)
     paths = 1 if method == "bv" else 2
     sampling = SamplingConfig(temperature=1.0)
-    counts = Counter(
-        tuple(engine.decode([0], DecodeConfig(method, 2, 3, sampling, seed=s, paths=paths)).tokens)
-        for s in range(6000)
-    )
+    counts = decode_counts(engine, DecodeConfig(method, 2, 3, sampling, paths=paths), 6000)
     assert chi_square_pvalue(counts, target_law(target, [0], 3)) > FALSE_ALARM
 
 

@@ -98,10 +98,11 @@ def draft_paths(
         path.append(draw(q_root[0], sampling, generator))
     scores: list[float] = []
     hiddens: list[torch.Tensor] = []
-    if keep_hidden:
-        hiddens.append(out.hidden[0])
+    hidden = out.hidden[0] if keep_hidden else None
+    if hidden is not None:
+        hiddens.append(hidden)
     if stop_rule is not None:
-        scores.append(stop_rule.score(out.hidden[0] if keep_hidden else None, q_root[0], paths[0][0], 1))
+        scores.append(stop_rule.score(hidden, q_root[0], paths[0][0], 1))
     for depth in range(1, gamma):
         if all(any(t in eos_token_ids for t in path) for path in paths):
             break
@@ -120,11 +121,11 @@ def draft_paths(
             positions[k].append(start + k)
             path.append(draw(q_depth[k], sampling, generator))
         rows.append(q_depth)
-        if keep_hidden:
-            hiddens.append(out.hidden[0])
+        hidden = out.hidden[0] if keep_hidden else None
+        if hidden is not None:
+            hiddens.append(hidden)
         if stop_rule is not None:
-            scores.append(stop_rule.score(out.hidden[0] if keep_hidden else None, q_depth[0], paths[0][-1],
-                                          depth + 1))
+            scores.append(stop_rule.score(hidden, q_depth[0], paths[0][-1], depth + 1))
     decisions = [stop_rule.accepts(score) for score in scores] if stop_rule is not None else []
     return DraftBlock(paths, torch.stack(rows, dim=1), positions, forwards, fed, scores, decisions, hiddens)
 

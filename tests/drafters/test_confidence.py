@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from tests.stats import FALSE_ALARM, chi_square_pvalue, target_law
+from tests.stats import FALSE_ALARM, chi_square_pvalue, decode_counts, target_law
 from verispec.drafters.confidence import ConfidenceStop
 from verispec.drafting import draft_paths
 from verispec.engine import DecodeConfig, Engine
@@ -106,5 +106,5 @@ def test_the_law_test_catches_a_rule_that_drops_the_unsure_token(monkeypatch):
     target, draft = TabularLM(3, seed=51), TabularLM(3, seed=52, sharpness=2.0)
     engine = Engine(target, draft)
     config = DecodeConfig("sd", 3, 3, T1, draft_confidence=0.45)
-    counts = Counter(tuple(engine.decode([0], config.with_settings(seed=s)).tokens) for s in range(6000))
+    counts = decode_counts(engine, config, 6000)
     assert chi_square_pvalue(counts, target_law(target, [0], 3)) < FALSE_ALARM

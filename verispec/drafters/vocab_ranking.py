@@ -242,7 +242,8 @@ def answers(args: argparse.Namespace) -> int:
     instructions = ranking_instructions(args.count, args.seed)
     decoder = Decoder(args.target, args.draft, linear_backend=args.linear_backend)
     draft = decoder.model("draft")
-    if args.weight == "acceptance":
+    acceptance = args.weight == "acceptance"
+    if acceptance:
         target = decoder.model("target")
 
         def score(ids: list[int], n: int) -> Any:
@@ -263,7 +264,6 @@ def answers(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     np.save(out, mass)
-    acceptance = args.weight == "acceptance"
     meta = {"draft": args.draft or "default", "linear_backend": args.linear_backend, "weight": args.weight,
             **({"target": args.target or "default"} if acceptance else {}), "instructions": len(instructions),
             "instruction_seed": args.seed, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
