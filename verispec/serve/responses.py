@@ -37,6 +37,7 @@ def verispec_block(config: DecodeConfig, trace: Trace, timed_out: bool) -> dict[
     """Return the method and the round statistics of one generation."""
     return {
         "method": config.method,
+        "drafter": config.drafter,
         "gamma": config.gamma,
         "paths": config.paths,
         "rounds": len(trace.rounds),

@@ -7,6 +7,7 @@ Fields of the OpenAI API that verispec does not implement are ignored, except `n
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,7 +32,7 @@ class APIError(Exception):
 
 
 class VerispecOptions(BaseModel):
-    """The `verispec` extension object of a request."""
+    """The `verispec` extension object of a request; its field names are `DecodeConfig.with_settings`'s."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
     method: str | None = None
@@ -39,6 +40,11 @@ class VerispecOptions(BaseModel):
     paths: int | None = None
     tau: float | None = None
     top_k: int | None = None
+    drafter: str | None = None
+    ngram_min: int | None = None
+    ngram_max: int | None = None
+    ngram_gamma: int | None = None
+    draft_confidence: float | None = None
 
 
 class TextPart(BaseModel):
@@ -109,10 +115,45 @@ def parse(model: type[BaseModel], body: Any) -> Any:
         raise APIError(400, f"{param or 'body'}: {first['msg']}", param=param or None) from None
 
 
-# The field of the request each DecodeConfig / SamplingConfig message starts with (for the error's `param`).
-_PARAMS = {"gamma": "verispec.gamma", "paths": "verispec.paths", "tau": "verispec.tau", "top_k": "verispec.top_k",
-           "unknown method": "verispec.method", "method": "verispec.method", "temperature": "temperature",
-           "top_p": "top_p", "max_new_tokens": "max_tokens", "seed": "seed"}
+# DecodeConfig's settings that are fields of the request itself (max_new_tokens is called max_tokens there); the
+# others a request may set are fields of its `verispec` object.
+_TOP_LEVEL = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "max_new_tokens": "max_tokens"}
+# Server defaults that not every request can take: a request whose method, drafter or temperature rules one out
+# runs without it (as it would run on a server without it) instead of being refused for a setting it cannot change.
+_DEFAULTS_WHERE_THEY_FIT = ("drafter", "draft_vocab", "draft_confidence")
+
+
+def _param(message: str, given: set[str]) -> str | None:
+    """Return the request field that a DecodeConfig / SamplingConfig error `message` is about (its `param`).
+
+    The messages start with the setting they are about ("gamma (draft length) must ...", "unknown drafter ...");
+    a message about two settings names the one the request gave (`given`: the DecodeConfig names it set).
+    """
+    match = re.match(r"(?:unknown )?(\w+)", message)
+    name = match.group(1) if match else ""
+    if name == "method" and ("paths must be 1" in message or "needs paths >= 2" in message):  # a K it cannot take
+        name = "paths"
+    elif name == "method" and "takes no drafter" in message and "drafter" in given:
+        name = "drafter"
+    elif name == "ngram_min" and "must not exceed" in message and "ngram_min" not in given:
+        name = "ngram_max"
+    if name in _TOP_LEVEL:
+        return _TOP_LEVEL[name]
+    return f"verispec.{name}" if name in VerispecOptions.model_fields else None
+
+
+def _decode_config(defaults: DecodeConfig, requested: dict[str, Any]) -> DecodeConfig:
+    """Return `defaults` with the `requested` settings (DecodeConfig names, not None); raise ConfigError."""
+    # A request that names another method without K gets that method's default K (`with_settings`).
+    fitted = {name: getattr(DecodeConfig, name) for name in _DEFAULTS_WHERE_THEY_FIT}  # fit every request
+    config = defaults.with_settings(**(fitted | requested))
+    for name in _DEFAULTS_WHERE_THEY_FIT:
+        if name not in requested and getattr(defaults, name) != getattr(config, name):
+            try:
+                config = config.with_settings(**{name: getattr(defaults, name)})
+            except ConfigError:
+                pass  # this request's method, drafter or temperature cannot take the server's default
+    return config
 
 
 def settings(request: _Common, defaults: DecodeConfig) -> Settings:
@@ -124,22 +165,17 @@ def settings(request: _Common, defaults: DecodeConfig) -> Settings:
         raise APIError(400, "stop must be up to 4 non-empty strings", param="stop")
     options = request.verispec or VerispecOptions()
     max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
-    requested = {
-        "method": options.method, "gamma": options.gamma, "paths": options.paths, "tau": options.tau,
-        "seed": request.seed, "max_new_tokens": max_tokens, "temperature": request.temperature,
-        "top_k": options.top_k, "top_p": request.top_p,
+    requested = options.model_dump(exclude_none=True) | {
+        "seed": request.seed, "max_new_tokens": max_tokens, "temperature": request.temperature, "top_p": request.top_p,
     }
+    requested = {name: value for name, value in requested.items() if value is not None}
     try:
-        # A request that names another method without K gets that method's default K (`with_settings`).
-        config = defaults.with_settings(**{name: value for name, value in requested.items() if value is not None})
+        config = _decode_config(defaults, requested)
     except ConfigError as exc:
         message = str(exc)
-        param = next((p for prefix, p in _PARAMS.items() if message.startswith(prefix)), None)
-        if "paths must be 1" in message or "needs paths >= 2" in message:  # K that the method cannot take
-            param = "verispec.paths"
         if message.startswith("max_new_tokens"):
             message = "max_tokens" + message[len("max_new_tokens"):]
-        raise APIError(400, message, param=param) from None
+        raise APIError(400, message, param=_param(str(exc), set(requested))) from None
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return Settings(config, stop, request.stream, include_usage, max_tokens is not None)
 

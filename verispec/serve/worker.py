@@ -136,7 +136,10 @@ class EngineWorker:
             return raw_prompt_ids(self.decoder.tokenizer, prompt)
 
     def context_limit(self, config: DecodeConfig) -> int | None:
-        return context_limit(self.decoder, config)
+        try:
+            return context_limit(self.decoder, config)
+        except VerispecError as exc:  # the models `config` needs cannot be had (e.g. no draft with its head)
+            raise APIError(400, str(exc)) from None
 
     def submit(self, job: Job) -> None:
         """Queue `job`; raise APIError 429 (with Retry-After) when the queue is full."""
@@ -168,8 +171,14 @@ class EngineWorker:
     # -- the engine thread --------------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            for role in ("target", "draft"):  # load both now, not on some request's time
-                self.decoder.model(role)
+            # Load both now, not on some request's time; under a server-wide draft_vocab N every request that
+            # drafts with the model uses the draft with a head of N tokens, so that one is the draft loaded.
+            self.decoder.model("target")
+            n = self.config.defaults.draft_vocab
+            if n is None:
+                self.decoder.model("draft")
+            else:
+                self.decoder.reduced_draft(n)
             self.ready = True
         except Exception as exc:  # reported by /health and every request's 503, never a traceback to clients
             self.load_error = f"{type(exc).__name__}: {exc}"
