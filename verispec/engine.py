@@ -220,8 +220,8 @@ class ScoredBlock:
         """Return the same law as `p`, each node's row processed on first read (for verifiers that read few rows)."""
         if "p" in self.__dict__:  # already processed: hand out its rows
             return PathLaws.of(self.p)
-        return PathLaws(lambda nodes: process_logits(self.logits[nodes], self.sampling), path_nodes(self.tree),
-                        self.logits.shape[-1])
+        return PathLaws(lambda nodes: process_logits(node_logits(self.logits, nodes), self.sampling),
+                        path_nodes(self.tree), self.logits.shape[-1])
 
     def per_path(self, node_rows: torch.Tensor) -> torch.Tensor:
         """Return rows `[N+1, ...]` of the root and the tree nodes laid out per path, `[K, γ'+1, ...]`."""
@@ -277,6 +277,14 @@ def tree_pass(decoder: CausalLM, tokens: list[int], block: DraftBlock) -> tuple[
         parents += [base - 1 if parent < 0 else base + parent for parent in tree.parents]
     logits = decoder.forward(new + tree.tokens, n_logits=len(tree.tokens) + 1, parents=parents).logits
     return logits, tree, len(new) + len(tree.tokens)
+
+
+def node_logits(logits: torch.Tensor, nodes: list[int]) -> torch.Tensor:
+    """Return the rows `nodes` of `logits` `[N+1, V]`: a view where they are consecutive (GBV reads one node at a
+    time, and processing widens the rows to float64 anyway, so a gathered copy would be a wasted pass)."""
+    if nodes == list(range(nodes[0], nodes[0] + len(nodes))):
+        return logits[nodes[0] : nodes[0] + len(nodes)]
+    return logits.index_select(0, torch.tensor(nodes, device=logits.device))
 
 
 def path_nodes(tree: PrefixTree) -> torch.Tensor:

@@ -42,8 +42,11 @@ def test_the_kernel_writes_the_reference_skew_and_order(kernel, k, min_q, min_sh
     reference = gbv.skewed_draft(q, order.below, mass_a, mass_x, k)
     out = torch.full_like(q, float("nan"))
     tokens = torch.arange(q.numel())
-    below, threshold = kernel.skewed_draft_row(p, q, min_q, min_share, mass_a, mass_x, k, out, tokens)
+    below, threshold, keys = kernel.skewed_draft_row(p, q, min_q, min_share, mass_a, mass_x, k, out, tokens)
     assert threshold == order.threshold
+    # (key, id) orders the tokens as the reference order does: ranked ones by their ratio's bits, the rest at -1
+    assert [(1, key, t) if key >= 0 else (0, 0, t) for t, key in enumerate(keys.tolist())] == order.sort_keys(
+        tokens.tolist())
     assert torch.allclose(below, order.below, rtol=0, atol=1e-13)
     assert torch.allclose(out, reference, rtol=1e-11, atol=1e-16)
     assert abs(float(out.sum()) - 1.0) < 1e-12
@@ -52,16 +55,16 @@ def test_the_kernel_writes_the_reference_skew_and_order(kernel, k, min_q, min_sh
 def test_the_kernel_and_the_reference_select_one_child_by_one_order(kernel):
     # node_step's two branches: the same child (ties among the children included) and the same mass below it.
     p, q = node_laws(30_011, seed=9)
-    children = [0, 1, 2, 39, 40, 46, 55, 65, 1000, 20_000]  # tied keys, q = 0, p = 0, both tiers
-    for use_kernel in (True, False):
-        out = torch.empty_like(q)
-        child, below = gbv.node_step(p, q, children, 0.2, 0.5, 3, gbv.RANKED_MIN_Q, gbv.RANKED_MIN_SHARE, out,
-                                     use_kernel)
-        if use_kernel:
-            kernel_choice = (child, below)
-        else:
-            assert child == kernel_choice[0]
-            assert below == pytest.approx(kernel_choice[1], abs=1e-14)
+    tokens = [0, 1, 2, 39, 40, 46, 55, 65, 1000, 20_000]  # tied keys, q = 0, p = 0, both tiers
+    # every pair in both orders, and all of them: a child's place in the list must not matter
+    for children in [[a, b] for a in tokens for b in tokens if a != b] + [tokens]:
+        choices = []
+        for use_kernel in (True, False):
+            out = torch.empty_like(q)
+            choices.append(gbv.node_step(p, q, children, 0.2, 0.5, 3, gbv.RANKED_MIN_Q, gbv.RANKED_MIN_SHARE, out,
+                                         use_kernel))
+        assert choices[0][0] == choices[1][0], children
+        assert choices[0][1] == pytest.approx(choices[1][1], abs=1e-14)
 
 
 def test_positive_mass_is_the_residual_mass_per_row(kernel):
@@ -125,11 +128,11 @@ def test_the_kernel_gives_the_same_bits_on_one_thread_and_on_several(kernel):
         for threads in (1, 2, 3):
             torch.set_num_threads(threads)
             out = torch.empty_like(q)
-            below, threshold = kernel.skewed_draft_row(p, q, gbv.RANKED_MIN_Q, gbv.RANKED_MIN_SHARE, 0.37, 0.21, 3,
-                                                       out, tokens)
-            results.append((below, threshold, out, kernel.positive_mass(weights, rows_p, rows_q)))
+            below, threshold, keys = kernel.skewed_draft_row(p, q, gbv.RANKED_MIN_Q, gbv.RANKED_MIN_SHARE, 0.37,
+                                                             0.21, 3, out, tokens)
+            results.append((below, threshold, keys, out, kernel.positive_mass(weights, rows_p, rows_q)))
     finally:
         torch.set_num_threads(before)
-    for below, threshold, out, rho in results[1:]:
-        assert torch.equal(below, results[0][0]) and threshold == results[0][1]
-        assert torch.equal(out, results[0][2]) and torch.equal(rho, results[0][3])
+    for below, threshold, keys, out, rho in results[1:]:
+        assert torch.equal(below, results[0][0]) and threshold == results[0][1] and torch.equal(keys, results[0][2])
+        assert torch.equal(out, results[0][3]) and torch.equal(rho, results[0][4])

@@ -103,9 +103,11 @@ void skew_weights(const double* q, const double* below, int64_t n, double x_scal
 }  // namespace
 
 // One node u of GBV's selected path: the order of §2.2 and q_skew(·|u) of §2.3, written to `out` [V].
-// Returns (below at `tokens`, threshold): below[t] is the q-mass ranked strictly below t (the unranked tokens first,
-// by id; then the ranked ones by (p/q, id)); t is ranked when q(t|u) >= threshold = min(min_q, min_share·max q).
-std::tuple<torch::Tensor, double> skewed_draft_row(torch::Tensor p, torch::Tensor q, double min_q, double min_share,
+// Returns (below at `tokens`, threshold, key at `tokens`): below[t] is the q-mass ranked strictly below t (the
+// unranked tokens first, by id; then the ranked ones by (p/q, id)); t is ranked when q(t|u) >= threshold =
+// min(min_q, min_share·max q). The key orders `tokens` as the order does, with (key, id): the ratio's bits where t is
+// ranked, -1 where it is not (so a caller selects among them without reading the rows again).
+std::tuple<torch::Tensor, double, torch::Tensor> skewed_draft_row(torch::Tensor p, torch::Tensor q, double min_q, double min_share,
                                                    double mass_a, double mass_x, int64_t k, torch::Tensor out,
                                                    torch::Tensor tokens) {
   check_row(p, "p");
@@ -168,16 +170,19 @@ std::tuple<torch::Tensor, double> skewed_draft_row(torch::Tensor p, torch::Tenso
     mass += qq[entry.second];
   }
   auto below_at = torch::empty({tokens.numel()}, q.options());
+  auto key_at = torch::empty({tokens.numel()}, tokens.options());
   const int64_t* ids = tokens.contiguous().data_ptr<int64_t>();
   for (int64_t i = 0; i < tokens.numel(); ++i) {
-    TORCH_CHECK(ids[i] >= 0 && ids[i] < vocab, "token ", ids[i], " is outside the vocabulary");
-    below_at.data_ptr<double>()[i] = below[ids[i]];
+    const int64_t t = ids[i];
+    TORCH_CHECK(t >= 0 && t < vocab, "token ", t, " is outside the vocabulary");
+    below_at.data_ptr<double>()[i] = below[t];
+    key_at.data_ptr<int64_t>()[i] = qq[t] < threshold ? -1 : ratio_bits(pp[t], qq[t]);
   }
 
   double* skew = out.data_ptr<double>();
   if (k == 1) {  // §2.6: one path, q_skew = q
     std::memcpy(skew, qq, vocab * sizeof(double));
-    return {below_at, threshold};
+    return {below_at, threshold, key_at};
   }
   const double scale = std::max(mass_a + mass_x, kMinDraftProb);
   const double x_scaled = mass_x / scale;
@@ -205,7 +210,7 @@ std::tuple<torch::Tensor, double> skewed_draft_row(torch::Tensor p, torch::Tenso
   } else {  // underflow only
     std::memcpy(skew, qq, vocab * sizeof(double));
   }
-  return {below_at, threshold};
+  return {below_at, threshold, key_at};
 }
 
 // ρ_r = Σ_v (w_r·p[r, v] − q[r, v])_+ for each row r: the target mass left over at a node of BV (§1.2).

@@ -66,10 +66,15 @@ class NodeOrder:
 
     def sort_key(self, token: int) -> tuple[int, int, int]:
         """Return a tuple that compares like `token`'s place in the order (larger = ranked higher)."""
-        if float(self.q_u[token]) < self.threshold:
-            return (0, 0, token)
-        one = slice(token, token + 1)
-        return (1, int(key_bits(ratio_key(self.p_u[one], self.q_u[one]))), token)
+        return self.sort_keys([token])[0]
+
+    def sort_keys(self, tokens: Sequence[int]) -> list[tuple[int, int, int]]:
+        """Return `sort_key` of each of `tokens`, computed together (one gather, not tensor steps per token)."""
+        index = torch.tensor(tokens, dtype=torch.long, device=self.q_u.device)
+        q_t = self.q_u.index_select(0, index)
+        bits = key_bits(ratio_key(self.p_u.index_select(0, index), q_t)).tolist()
+        ranked = (q_t >= self.threshold).tolist()
+        return [(1, b, t) if r else (0, 0, t) for t, b, r in zip(tokens, bits, ranked, strict=True)]
 
 
 def ranked_threshold(q: torch.Tensor, min_q: float = RANKED_MIN_Q,
@@ -108,7 +113,8 @@ def select_child(children: Sequence[int], order: NodeOrder) -> int:
     It compares by the same order that `below` (and so q_skew) is built from, so selection and skew cannot disagree
     on ties (the trap of §2.2).
     """
-    return max(children, key=order.sort_key)
+    keys = order.sort_keys(children)
+    return max(zip(keys, children, strict=True))[1]
 
 
 def skewed_draft(q_u: torch.Tensor, below: torch.Tensor, mass_a: float, mass_x: float, k: int) -> torch.Tensor:
@@ -150,10 +156,11 @@ def node_step(p_u: torch.Tensor, q_u: torch.Tensor, children: Sequence[int], mas
         skew_out.copy_(skewed_draft(q_u, order.below, mass_a, mass_x, k))
         child = select_child(children, order)
         return child, float(order.below[child])
-    below, threshold = kernel.skewed_draft_row(p_u, q_u, min_q, min_share, mass_a, mass_x, k, skew_out,
-                                               torch.tensor(children, dtype=torch.long))
-    child = select_child(children, NodeOrder(p_u=p_u, q_u=q_u, threshold=threshold, below=None))
-    return child, float(below[list(children).index(child)])
+    below, _, keys = kernel.skewed_draft_row(p_u, q_u, min_q, min_share, mass_a, mass_x, k, skew_out,
+                                             torch.tensor(children, dtype=torch.long))
+    # (key, id) compares like `NodeOrder.sort_key`: the unranked children (key -1) by id below the ranked ones
+    _, child, index = max(zip(keys.tolist(), children, range(len(children)), strict=True))
+    return child, float(below[index])
 
 
 def gbv_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor | PathLaws,
