@@ -178,7 +178,3 @@ def settings(request: _Common, defaults: DecodeConfig) -> Settings:
         raise APIError(400, message, param=_param(str(exc), set(requested))) from None
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return Settings(config, stop, request.stream, include_usage, max_tokens is not None)
-
-
-def _pick(value: Any, default: Any) -> Any:
-    return default if value is None else value
