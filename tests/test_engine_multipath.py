@@ -78,9 +78,9 @@ def test_a_gbv_round_processes_only_the_rows_of_the_path_it_selects(tiny_pair, t
 
     processed: list[int] = []
 
-    def counting(logits, sampling):
+    def counting(logits, sampling, out=None):
         processed.append(logits.shape[0])
-        return process_logits(logits, sampling)
+        return process_logits(logits, sampling, out)
 
     monkeypatch.setattr(engine_module, "process_logits", counting)
     prompt = tokenizer(PROMPT)["input_ids"]

@@ -9,7 +9,7 @@ import torch
 
 from tests.stats import chi_square_pvalue
 from verispec.errors import ConfigError
-from verispec.sampling import SamplingConfig, draw, first_argmax, process_logits, sample
+from verispec.sampling import SamplingConfig, draw, first_argmax, process_logits, sample, softmax_rows
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.0, -1.0, 3.0]])
 
@@ -120,3 +120,27 @@ def test_sample_follows_its_law_and_never_draws_a_zero_weight() -> None:
 def test_sample_refuses_weights_that_are_no_distribution(weights: list[float]) -> None:
     with pytest.raises(ValueError, match="cannot sample"):
         sample(torch.tensor(weights, dtype=torch.float64), torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_softmax_rows_is_the_softmax_and_leaves_its_input_alone(rows):
+    logits = 8 * torch.randn(rows, 5000, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    logits[:, :10] = -torch.inf  # masked tokens (top-k) get 0
+    before = logits.clone()
+    probs = softmax_rows(logits)
+    assert torch.equal(logits, before)
+    assert torch.allclose(probs, torch.softmax(before, -1), rtol=1e-13, atol=1e-300)
+    assert (probs[:, :10] == 0).all() and torch.allclose(probs.sum(-1), torch.ones(rows, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("config", [
+    SamplingConfig(), SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=50),
+    SamplingConfig(temperature=1.0, top_p=0.9)], ids=["greedy", "T=1", "top-k", "top-p"])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_process_logits_into_a_buffer_writes_the_same_bits(config, rows):
+    logits = 4 * torch.randn(rows, 3000, generator=torch.Generator().manual_seed(5))
+    buffer = torch.full((rows + 2, 3000), torch.nan, dtype=torch.float64)
+    out = buffer[1 : rows + 1]
+    result = process_logits(logits, config, out)
+    assert result.data_ptr() == out.data_ptr() and torch.equal(result, process_logits(logits, config))
+    assert buffer[0].isnan().all() and buffer[-1].isnan().all()  # nothing written outside `out`

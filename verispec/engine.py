@@ -220,7 +220,7 @@ class ScoredBlock:
         """Return the same law as `p`, each node's row processed on first read (for verifiers that read few rows)."""
         if "p" in self.__dict__:  # already processed: hand out its rows
             return PathLaws.of(self.p)
-        return PathLaws(lambda nodes: process_logits(node_logits(self.logits, nodes), self.sampling),
+        return PathLaws(lambda nodes, out: process_logits(node_logits(self.logits, nodes), self.sampling, out),
                         path_nodes(self.tree), self.logits.shape[-1])
 
     def per_path(self, node_rows: torch.Tensor) -> torch.Tensor:

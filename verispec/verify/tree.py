@@ -68,24 +68,31 @@ class PathLaws:
     """p `[K, γ+1, V]` of the contract, read by row: `row(k, i)` = p[k, i], `path(k)` = p[k].
 
     Built on a dense tensor (`PathLaws.of`) it hands out views of it. Built on the tree's nodes, each node's row is
-    computed on first read by `rows(node ids) -> [n, V]` and kept: processing the logits of a 3-path tree's 9-11
+    computed on first read by `rows(node ids, out) -> [n, V]` and kept: processing the logits of a 3-path tree's 9-11
     nodes into float64 laws, and laying them out per path, was most of GBV's verification step, which reads 5.
+    The first node read at each depth is computed into that depth's row of one `[γ+1, V]` buffer (`out`, where
+    `rows` writes when given one), so a path read root to leaf, as GBV reads its selected one, is that buffer: no
+    copy of its rows.
     """
 
-    def __init__(self, rows: Callable[[list[int]], torch.Tensor], node_of: torch.Tensor, vocab_size: int,
-                 dense: torch.Tensor | None = None) -> None:
-        self._rows = rows  # node ids -> their laws [n, V] (float64)
+    def __init__(self, rows: Callable[[list[int], torch.Tensor | None], torch.Tensor], node_of: torch.Tensor,
+                 vocab_size: int, dense: torch.Tensor | None = None) -> None:
+        self._rows = rows  # (node ids, out [n, V] or None) -> their laws [n, V] (float64; `out` when given)
         self.node_of = node_of  # [K, γ+1] long: the node whose row is p[k, i]
         self.vocab_size = vocab_size
         self._dense = dense
         self._computed: dict[int, torch.Tensor] = {}
+        self._depth = {int(node): i for path in node_of.tolist() for i, node in enumerate(path)}
+        self._slots: torch.Tensor | None = None  # [γ+1, V]: row i holds the first node read at depth i
+        self._slot_node: list[int | None] = [None] * node_of.shape[1]
 
     @classmethod
     def of(cls, p: torch.Tensor) -> PathLaws:
         """Wrap a dense p `[K, γ+1, V]` (widened to float64 once)."""
         p = p.to(torch.float64)
         k, rows, vocab_size = p.shape
-        return cls(lambda ids: p.view(-1, vocab_size)[ids], torch.arange(k * rows).view(k, rows), vocab_size, p)
+        return cls(lambda ids, out: p.view(-1, vocab_size)[ids], torch.arange(k * rows).view(k, rows), vocab_size,
+                   p)
 
     @property
     def shape(self) -> torch.Size:
@@ -98,8 +105,14 @@ class PathLaws:
 
     def _nodes(self, nodes: list[int]) -> list[torch.Tensor]:
         missing = [node for node in dict.fromkeys(nodes) if node not in self._computed]
-        if missing:  # one call for all the missing rows: a batch of rows is cheaper than rows one by one
-            for node, row in zip(missing, self._rows(missing), strict=True):
+        if len(missing) == 1 and self._slot_node[self._depth[missing[0]]] is None:
+            depth = self._depth[missing[0]]
+            if self._slots is None:
+                self._slots = torch.empty(len(self._slot_node), self.vocab_size, dtype=torch.float64)
+            self._computed[missing[0]] = self._rows(missing, self._slots[depth : depth + 1])[0]
+            self._slot_node[depth] = missing[0]
+        elif missing:  # one call for all the missing rows: a batch of rows is cheaper than rows one by one
+            for node, row in zip(missing, self._rows(missing, None), strict=True):
                 self._computed[node] = row
         return [self._computed[node] for node in nodes]
 
@@ -113,7 +126,11 @@ class PathLaws:
         """Return p[k] `[γ+1, V]` (float64)."""
         if self._dense is not None:
             return self._dense[k]
-        return torch.stack(self._nodes(self.node_of[k].tolist()))
+        nodes = self.node_of[k].tolist()
+        rows = self._nodes(nodes)
+        if self._slot_node == nodes:  # read root to leaf, each row in its depth's slot
+            return self._slots
+        return torch.stack(rows)
 
     def tensor(self) -> torch.Tensor:
         """Return the whole p `[K, γ+1, V]` (every node computed)."""
