@@ -20,10 +20,13 @@ def block_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tenso
     p, q = p.to(torch.float64), q.to(torch.float64)
     gamma = draft_tokens.shape[0]
     p_x, q_x = drafted_probs(draft_tokens, q, p)  # [γ], [γ]
+    # The γ-long recurrences below run on Python floats (the same float64 operations): per-element tensor steps cost
+    # more than the arithmetic here.
     # §1.2: cascaded, clipped likelihood ratio w_i = min(1, w_{i-1}·p(x_i|x^{i-1}) / q(x_i|x^{i-1})), w_0 = 1.
-    weights = torch.ones(gamma + 1, dtype=torch.float64, device=p.device)  # [γ+1]
-    for i in range(1, gamma + 1):
-        weights[i] = torch.clamp(weights[i - 1] * p_x[i - 1] / q_x[i - 1], max=1.0)
+    w = [1.0]
+    for p_i, q_i in zip(p_x.tolist(), q_x.tolist(), strict=True):
+        w.append(min(w[-1] * p_i / q_i, 1.0))
+    weights = torch.tensor(w, dtype=torch.float64, device=p.device)  # [γ+1]
     # §1.2: ρ_i = Σ_v (w_i·p(v|x^i) − q(v|x^i))_+ is the target mass left over at node x^i (i = 1..γ-1).
     kernel = law_kernel(p, q) if use_kernel and gamma > 1 else None
     if kernel is not None:
@@ -31,14 +34,13 @@ def block_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tenso
     else:
         rho = (weights[1:gamma, None] * p[1:gamma] - q[1:gamma]).clamp_min(0.0).sum(-1)  # [γ-1]
     # h_i = ρ_i / (ρ_i + 1 − w_i), with 0/0 → 0 (§1.4: ρ_i = 0 makes τ = i a null event); 1 − w_i ≥ 0 since w_i ≤ 1.
-    denom = rho + (1.0 - weights[1:gamma])
-    h_mid = torch.where(rho > 0, rho / denom.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(rho))
     # h_0 = 1 makes τ = 0 the default when no test passes; h_γ = w_γ (§1.2).
-    h = torch.ones_like(weights)  # [γ+1]
-    h[1:gamma] = h_mid
+    tiny = torch.finfo(torch.float64).tiny
+    h = [1.0] + [r / max(r + (1.0 - w_i), tiny) if r > 0 else 0.0
+                 for r, w_i in zip(rho.tolist(), w[1:gamma], strict=True)]
     if gamma:
-        h[gamma] = weights[gamma]
-    h = h.clamp(0.0, 1.0)
+        h.append(w[gamma])
+    h = torch.tensor(h, dtype=torch.float64, device=p.device).clamp_(0.0, 1.0)
     return BlockLaw(stop=stop_from_hazards(h), weights=weights, q=q, p=p)
 
 
