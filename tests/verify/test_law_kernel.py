@@ -6,6 +6,8 @@ vocabularies, with ties, zeros and both tiers of GBV's order, where enumeration 
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
@@ -136,3 +138,25 @@ def test_the_kernel_gives_the_same_bits_on_one_thread_and_on_several(kernel):
     for below, threshold, keys, out, rho in results[1:]:
         assert torch.equal(below, results[0][0]) and threshold == results[0][1] and torch.equal(keys, results[0][2])
         assert torch.equal(out, results[0][3]) and torch.equal(rho, results[0][4])
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the portable build targets x86-64-v2")
+def test_the_portable_build_gives_the_same_bits(kernel):
+    """Hosts without AVX-512 run the portable prefix sums, which add in the vector code's order: the same order keys
+    and masses below, so the same selection; q_skew may differ in its last bits (the compiler fuses multiply-adds
+    where the target has FMA)."""
+    from verispec.native.build import load_native
+    from verispec.native.laws import SOURCE
+
+    portable = load_native(SOURCE, "laws", portable=True)
+    p, q = node_laws(30_011, seed=12)
+    tokens = torch.arange(q.numel())
+    results = []
+    for module in (kernel, portable):
+        out = torch.empty_like(q)
+        below, threshold, keys = module.skewed_draft_row(p, q, gbv.RANKED_MIN_Q, gbv.RANKED_MIN_SHARE, 0.37, 0.21, 3,
+                                                         out, tokens)
+        results.append((below, threshold, keys, out))
+    assert torch.equal(results[0][0], results[1][0]) and results[0][1] == results[1][1]
+    assert torch.equal(results[0][2], results[1][2])
+    assert torch.allclose(results[0][3], results[1][3], rtol=1e-13, atol=0)

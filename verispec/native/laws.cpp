@@ -4,8 +4,8 @@
 //
 // Why: on a 151,936-token vocabulary GBV's law made about 18 full-vocabulary tensor passes per node of the path
 // (order, prefix sums, q_skew, normalisation), each a separate allocation and loop; here a node is five passes (the
-// maximum, the prefix sums and their shift, q_skew with its sum, the normalisation) and one sort of the ranked
-// tokens only. Everything is float64; the passes run over fixed chunks of the vocabulary
+// maximum, the prefix sums and their shift, q_skew with its sum, the normalisation) and sorts of the ranked tokens
+// only (per chunk, then merged). Everything is float64; the passes run over fixed chunks of the vocabulary
 // on torch's threads, so the results do not depend on how many threads ran them.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -17,6 +17,13 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define VERISPEC_AVX512 1
+#else
+#define VERISPEC_AVX512 0
+#endif
 
 namespace {
 
@@ -80,6 +87,76 @@ void for_each_chunk(Body body) {
   });
 }
 
+// Tokens begin..end of one chunk: below[t] = the q of the unranked tokens (q < threshold) before t in the chunk, for
+// every t (a ranked token's entry is overwritten later); the ranked tokens go to `ranked` as (key bits, id), in id
+// order. Returns the chunk's unranked mass. A running sum token by token is one chain of dependent adds (an add's
+// latency per token); here each 8 tokens are summed as a tree (pairs, fours, eights: one vector in AVX-512) and only
+// their total joins the chain. The portable code does the same additions in the same order: the same bits.
+double unranked_prefix(const double* q, const double* p, int64_t begin, int64_t end, double threshold, double* below,
+                       std::vector<std::pair<int64_t, int64_t>>& ranked) {
+  double carry = 0.0;
+  int64_t t = begin;
+#if VERISPEC_AVX512
+  const __m512d limit = _mm512_set1_pd(threshold);
+  const __m512d zero = _mm512_setzero_pd();
+  const __m512i lane7 = _mm512_set1_epi64(7);
+  __m512d carried = zero;  // carry in every lane
+  for (; t + 8 <= end; t += 8) {
+    const __m512d v = _mm512_loadu_pd(q + t);
+    const __mmask8 unranked = _mm512_cmp_pd_mask(v, limit, _CMP_LT_OQ);
+    // inclusive sums: lane i += lane i-1, then i-2, then i-4 (zeros shifted in)
+    __m512d incl = _mm512_maskz_mov_pd(unranked, v);
+    incl = _mm512_add_pd(incl, _mm512_castsi512_pd(_mm512_alignr_epi64(_mm512_castpd_si512(incl),
+                                                                          _mm512_castpd_si512(zero), 7)));
+    incl = _mm512_add_pd(incl, _mm512_castsi512_pd(_mm512_alignr_epi64(_mm512_castpd_si512(incl),
+                                                                          _mm512_castpd_si512(zero), 6)));
+    incl = _mm512_add_pd(incl, _mm512_castsi512_pd(_mm512_alignr_epi64(_mm512_castpd_si512(incl),
+                                                                          _mm512_castpd_si512(zero), 4)));
+    // exclusive: lane i gets lane i-1's inclusive sum (lane 0 gets 0), plus the carry
+    const __m512d before = _mm512_castsi512_pd(_mm512_alignr_epi64(_mm512_castpd_si512(incl),
+                                                                     _mm512_castpd_si512(zero), 7));
+    _mm512_storeu_pd(below + t, _mm512_add_pd(carried, before));
+    carried = _mm512_add_pd(carried, _mm512_permutexvar_pd(lane7, incl));
+    if (unranked != 0xFF)
+      for (int i = 0; i < 8; ++i)
+        if (!((unranked >> i) & 1)) ranked.emplace_back(ratio_bits(p[t + i], q[t + i]), t + i);
+  }
+  carry = _mm512_cvtsd_f64(carried);
+#else
+  for (; t + 8 <= end; t += 8) {
+    double x[8], s[8], u[8];
+    bool any_ranked = false;
+    for (int i = 0; i < 8; ++i) {
+      const bool unranked = q[t + i] < threshold;
+      x[i] = unranked ? q[t + i] : 0.0;
+      any_ranked |= !unranked;
+    }
+    s[0] = x[0];  // lane i += lane i-1, then i-2, then i-4, as the vector code adds
+    for (int i = 1; i < 8; ++i) s[i] = x[i] + x[i - 1];
+    u[0] = s[0];
+    u[1] = s[1];
+    for (int i = 2; i < 8; ++i) u[i] = s[i] + s[i - 2];
+    for (int i = 4; i < 8; ++i) s[i] = u[i] + u[i - 4];
+    for (int i = 0; i < 4; ++i) s[i] = u[i];
+    below[t] = carry + 0.0;
+    for (int i = 1; i < 8; ++i) below[t + i] = carry + s[i - 1];
+    carry += s[7];
+    if (any_ranked)
+      for (int i = 0; i < 8; ++i)
+        if (!(q[t + i] < threshold)) ranked.emplace_back(ratio_bits(p[t + i], q[t + i]), t + i);
+  }
+#endif
+  for (; t < end; ++t) {
+    below[t] = carry;
+    if (q[t] < threshold) {
+      carry += q[t];
+    } else {
+      ranked.emplace_back(ratio_bits(p[t], q[t]), t);
+    }
+  }
+  return carry;
+}
+
 // skew[t] = q(t)·Σ_{j<K} a^j b^(K−1−j) (unnormalised q_skew, §2.3) with a, b the best-of-K CDF bounds of token t
 // divided by (A + x) ("Stable evaluation"), by S_1 = 1, S_{m+1} = a·S_m + b^m. K_FIXED = 0: K is `k`.
 template <int K_FIXED>
@@ -133,22 +210,13 @@ std::tuple<torch::Tensor, double, torch::Tensor> skewed_draft_row(torch::Tensor 
   });
   const double threshold = std::min(min_q, min_share * *std::max_element(part.begin(), part.end()));
 
-  // The unranked tokens below every ranked one, by id: each chunk's running sum of their q (a prefix sum is one
-  // chain of dependent adds, so the chunks run side by side), shifted by the chunks before it. Then the ranked
-  // ones by their keys. Each chunk also lists its ranked tokens, in id order.
+  // The unranked tokens below every ranked one, by id: each chunk's running sum of their q, shifted by the chunks
+  // before it. Then the ranked ones by their keys. Each chunk lists its ranked tokens and sorts them.
   std::array<std::vector<std::pair<int64_t, int64_t>>, kChunks> ranked_in;  // (key bits, id)
   for_each_chunk([&](int64_t j) {
     const Chunk c = chunk_of(j, vocab);
-    double mass = 0.0;
-    for (int64_t t = c.begin; t < c.end; ++t) {
-      below[t] = mass;  // a ranked token's entry is overwritten below
-      if (qq[t] < threshold) {
-        mass += qq[t];
-      } else {
-        ranked_in[j].emplace_back(ratio_bits(pp[t], qq[t]), t);
-      }
-    }
-    part[j] = mass;
+    part[j] = unranked_prefix(qq, pp, c.begin, c.end, threshold, below, ranked_in[j]);
+    std::sort(ranked_in[j].begin(), ranked_in[j].end());  // ascending key, ties by id: one total order (§2.2)
   });
   std::array<double, kChunks> offset{};
   double unranked = 0.0;
@@ -161,9 +229,17 @@ std::tuple<torch::Tensor, double, torch::Tensor> skewed_draft_row(torch::Tensor 
     if (j > 0)
       for (int64_t t = c.begin; t < c.end; ++t) below[t] += offset[j];
   });
+  // The chunks' sorted runs merged pairwise: the order of one sort of them all, at less cost.
   std::vector<std::pair<int64_t, int64_t>> ranked;
-  for (const auto& chunk : ranked_in) ranked.insert(ranked.end(), chunk.begin(), chunk.end());
-  std::sort(ranked.begin(), ranked.end());  // ascending key, ties by id: one total order (§2.2)
+  std::array<size_t, kChunks + 1> run{};
+  for (int64_t j = 0; j < kChunks; ++j) {
+    ranked.insert(ranked.end(), ranked_in[j].begin(), ranked_in[j].end());
+    run[j + 1] = ranked.size();
+  }
+  for (int64_t width = 1; width < kChunks; width *= 2)
+    for (int64_t j = 0; j + width < kChunks; j += 2 * width)
+      std::inplace_merge(ranked.begin() + run[j], ranked.begin() + run[j + width],
+                         ranked.begin() + run[std::min(j + 2 * width, kChunks)]);
   double mass = unranked;
   for (const auto& entry : ranked) {
     below[entry.second] = mass;
