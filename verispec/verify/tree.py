@@ -82,7 +82,8 @@ class PathLaws:
         self.vocab_size = vocab_size
         self._dense = dense
         self._computed: dict[int, torch.Tensor] = {}
-        self._depth = {int(node): i for path in node_of.tolist() for i, node in enumerate(path)}
+        self._paths: list[list[int]] = node_of.tolist()  # node_of as lists: read per row, cheaper than the tensor
+        self._depth = {node: i for path in self._paths for i, node in enumerate(path)}
         self._slots: torch.Tensor | None = None  # [γ+1, V]: row i holds the first node read at depth i
         self._slot_node: list[int | None] = [None] * node_of.shape[1]
 
@@ -120,13 +121,13 @@ class PathLaws:
         """Return p[k, i] `[V]` (float64)."""
         if self._dense is not None:
             return self._dense[k, i]
-        return self._nodes([int(self.node_of[k, i])])[0]
+        return self._nodes([self._paths[k][i]])[0]
 
     def path(self, k: int) -> torch.Tensor:
         """Return p[k] `[γ+1, V]` (float64)."""
         if self._dense is not None:
             return self._dense[k]
-        nodes = self.node_of[k].tolist()
+        nodes = self._paths[k]
         rows = self._nodes(nodes)
         if self._slot_node == nodes:  # read root to leaf, each row in its depth's slot
             return self._slots
