@@ -88,6 +88,13 @@ confidence_run() {  # confidence_run SOURCE TEMPERATURE UPTO: sd and bv with the
     sd:gamma=6,draft_confidence=0.3 bv:gamma=4 bv:gamma=4,draft_confidence=0.3
 }
 
+confidence_more() {  # confidence_more SOURCE TEMPERATURE UPTO: the stop at 0.3 and 0.5, and with the hybrid drafter
+  sd_prompts "$1"
+  bench "int4-confidence-more-$1-T$2" "$3" "${PROMPTS[@]}" --temperature "$2" --linear-backend int4 \
+    --compare-to sd:gamma=4 --methods ar sd:gamma=4 sd:gamma=4,draft_confidence=0.3 sd:gamma=4,draft_confidence=0.5 \
+    sd:gamma=4,drafter=hybrid sd:gamma=4,drafter=hybrid,draft_confidence=0.3
+}
+
 multipath() {  # multipath TEMPERATURE UPTO: every multi-path method at K = 2..4 (K = 1 is sd / bv), gamma 4 and 8
   local methods=(ar sd:gamma=4 sd:gamma=8 bv:gamma=4 bv:gamma=8)
   for k in 2 3 4; do for g in 4 8; do for m in gbv specinfer spectr nss; do methods+=("$m:paths=$k,gamma=$g"); done; done; done
@@ -275,6 +282,7 @@ case "$RUN" in
   int4-multipath-T1.0) multipath_int4 1.0 "${2:-20}" ;;
   int4-confidence-dev-T1) confidence_run dev 1 "${2:-20}" ;;
   int4-confidence-humaneval-T1) confidence_run humaneval 1 "${2:-20}" ;;
+  int4-confidence-more-dev-T0.6) confidence_more dev 0.6 "${2:-20}" ;;
   int4-lookup-categories-T0) lookup_run 0 "${2:-20}" int4 default-q4_0 ;;
   int4-lookup-categories-T1) lookup_run 1 "${2:-20}" int4 default-q4_0 ;;
   int4-torch-draft-lookup-categories-T0) lookup_run 0 "${2:-20}" int4 torch ;;
