@@ -24,7 +24,7 @@ from verispec.native.build import load_native
 
 NATIVE = Path(__file__).resolve().parent.parent / "native"
 SOURCE = NATIVE / "decoder.cpp"
-INCLUDES = (NATIVE / "attention.cpp", NATIVE / "int4_linear.cpp")
+INCLUDES = (NATIVE / "attention.cpp", NATIVE / "int4_linear.cpp", NATIVE / "int4_amx.h")
 
 
 @functools.cache

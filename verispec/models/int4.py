@@ -36,12 +36,25 @@ PROMPT_ROWS = 64  # forwards over more tokens than this (prompts) run a layer's 
 # Off-grid layers with at most this many inputs run the kernel's 8-bit path (it sums in int32), wider ones fbgemm's.
 MAX_INT8_INPUTS = 1 << 16
 SOURCE = Path(__file__).resolve().parent.parent / "native" / "int4_linear.cpp"
+INCLUDES = (SOURCE.parent / "int4_amx.h",)  # its AMX tile path
 
 
 def extension(portable: bool = False) -> Any:
     """Build (once per machine and source, cached) and return the 4-bit linear kernel's extension module: for this
     CPU (`-march=native`), or `portable` (x86-64-v2: the C++ path without AVX-512, to test that it agrees)."""
-    return load_native(SOURCE, "int4", portable, instead="Use --linear-backend int8 instead.")
+    return load_native(SOURCE, "int4", portable, instead="Use --linear-backend int8 instead.", includes=INCLUDES)
+
+
+def set_amx_tiles(on: bool) -> None:
+    """Let the kernel's 8-bit layers run passes of several tokens on AMX tiles where the CPU has them (the default),
+    or keep them on the vector path: both give the same bits, so this only serves to measure one against the other.
+    Applies to the layers and to the decoder stack's copy of the kernel."""
+    from verispec.models.decoder_stack import stack_kernel  # imported here: decoder_stack imports this module
+
+    extension().set_amx(on)
+    stack = stack_kernel()
+    if stack is not None:
+        stack.set_amx(on)
 
 
 def grid_4bit(weight: torch.Tensor, rel_tol: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
@@ -248,7 +261,8 @@ class Int8RowLinear(KernelLinear):
 
     def describe(self) -> str:
         """Return which kernel and number formats this layer runs."""
-        return f"int8 weights per row, per-token dynamic 8-bit activations ({self._isa()}){self._prompts()}"
+        tiles = f"; passes of {self.kernel.amx_min_tokens()}+ tokens on AMX tiles" if self.kernel.amx() else ""
+        return f"int8 weights per row, per-token dynamic 8-bit activations ({self._isa()}{tiles}){self._prompts()}"
 
 
 class PromptSwitch(KernelLinear):

@@ -196,4 +196,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &DecoderStack::forward, "run every layer over the new tokens, writing their keys and values",
            py::arg("x"), py::arg("keys"), py::arg("values"), py::arg("start"), py::arg("cos"), py::arg("sin"),
            py::arg("mask") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("amx", &amx, "whether 8-bit passes of several tokens run on AMX tiles");
+  m.def("set_amx", &set_amx, "turn the AMX tile path on or off", py::arg("on"));
 }

@@ -233,6 +233,8 @@ constexpr Tile8Fn kTiles8[kTile + 1] = {nullptr, tile8<4, 1>, tile8<4, 2>, tile8
 
 }  // namespace
 
+#include "int4_amx.h"
+
 namespace {
 
 // Every token's int8 activations, scale and per-group sums (quantize_rows), for x [T, K].
@@ -307,18 +309,34 @@ void linear8_rows(const float* x, int64_t T, int64_t K, const uint8_t* pk, int64
   const TokenQuant a = quantize_raw(x, T, K);
   const int8_t* q = a.q.data_ptr<int8_t>();
   const float* s = a.scale.data_ptr<float>();
+  // The vector path sums (xq + 128) * w, the tile path xq * w: the same integer once 128 x the row's weight sum is
+  // taken off the former.
+  const bool amx = amx_for(T);
+  const int32_t shift = amx ? 0 : 128;
+  const auto store = [&](int64_t n0, int64_t t, const int32_t* acc) {
+    float* row = out + t * ldo + n0;
+    for (int j = 0; j < kRows; ++j) {
+      const float dot = static_cast<float>(acc[j] - shift * rs[n0 + j]);  // exact: |.| < 2^31
+      row[j] = std::fma(dot, ws[n0 + j] * s[t], bs ? bs[n0 + j] : 0.0f);
+    }
+  };
+#if VERISPEC_AMX
+  if (amx) {
+    over_amx_tiles<int32_t>(
+        NQ, T,
+        [&](int64_t nq, int64_t t0, int tt, int32_t* acc) {
+          amx_quad8(pk + nq * C * kQuadChunk8, C, q + t0 * K, K, tt, acc);
+        },
+        store);
+    return;
+  }
+#endif
   over_tiles<int32_t>(
       NQ, T,
       [&](int64_t nq, int r0, int64_t t0, int tt, int32_t* acc) {
         kTiles8[tt](pk + nq * C * kQuadChunk8 + r0 * kCell8, C, q + t0 * K, K, acc);
       },
-      [&](int64_t n0, int64_t t, const int32_t* acc) {
-        float* row = out + t * ldo + n0;
-        for (int j = 0; j < kRows; ++j) {
-          const float dot = static_cast<float>(acc[j] - 128 * rs[n0 + j]);  // exact: |.| < 2^31
-          row[j] = std::fma(dot, ws[n0 + j] * s[t], bs ? bs[n0 + j] : 0.0f);
-        }
-      });
+      store);
 }
 
 // Checks of the packed weights' layout shared by the entry points here and the decoder stack's constructor.
@@ -388,6 +406,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "4-bit-weight, per-token int8-activation linear");
   m.def("linear8", &linear8, "int8-weight (per-row scale), per-token int8-activation linear");
   m.def("vnni", &vnni, "whether this build uses AVX-512 VNNI");
+  m.def("amx", &amx, "whether 8-bit passes of several tokens run on AMX tiles");
+  m.def("amx_min_tokens", &amx_min_tokens, "the fewest tokens a pass on AMX tiles takes");
+  m.def("set_amx", &set_amx, "turn the AMX tile path on or off", py::arg("on"));
   m.def("parallel_threads", &parallel_threads, "the most threads one parallel region of this build ran on");
 }
 #endif

@@ -1,0 +1,146 @@
+// The AMX path of verispec/native/int4_linear.cpp's 8-bit linears (included there, after the layout's constants):
+// passes of several tokens on the tile unit of Intel Xeons since Sapphire Rapids.
+//
+// Why: on the vector path every token costs one vpdpbusd per 16 rows x 4 inputs, so past about 5 tokens an 8-bit
+// layer becomes compute-bound: a 9-token pass over the target's 151,936 x 1536 head (8-bit, a fifth of its weights)
+// cost 1.6-2.1x a one-token pass. One tile instruction multiplies up to 16 tokens by 16 rows x 32 inputs, and the
+// head's 9-token pass costs about 1.2x.
+//
+// Same bits: the tile unit sums xq * w over all inputs exactly in int32, the vector path (xq + 128) * w, from which
+// 128 x the row's weight sum is taken off: the same integer, then the same float operations, so a token's outputs
+// are bit-identical whichever path ran and whatever else is in its batch (tested).
+//
+// The 4-bit layers stay on the vector path: their float scale and offset per group of 32 inputs must be applied to
+// each group's sums, so every group's tile of sums goes out through memory, and with the nibbles' unpacking into a
+// tile's layout that ran slower than the vector path at every size from 2 to 16 tokens (2.8x at 2, 1.4x at 16).
+//
+// Tiles: tmm0 the tokens' int8 activations of one chunk of 32 inputs (rows = tokens, 32 bytes); tmm1 and tmm2 a
+// block's weights of the chunk, which the packed layout already holds as a tile's 8 rows of 64 bytes (row p: inputs
+// 4p..4p+3 of the 16 rows); tmm4..tmm7 the int32 sums of the quad's four blocks.
+#pragma once
+
+#if VERISPEC_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define VERISPEC_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define VERISPEC_AMX 0
+#endif
+
+namespace {
+
+constexpr int kAmxTokens = 16;    // rows of an activation tile
+std::atomic<bool> amx_wanted{true};  // set_amx(False) keeps the vector path (to measure one against the other)
+
+// Whether the OS lets this process use the tile registers (Linux asks each process to request them once).
+bool amx_granted() {
+#if VERISPEC_AMX
+  static const bool granted = [] {
+    constexpr long kRequestPermission = 0x1023;  // ARCH_REQ_XCOMP_PERM
+    constexpr long kTileData = 18;               // XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return granted;
+#else
+  return false;
+#endif
+}
+
+// Passes of at least this many tokens take the tile path. Fewer are bound by the weights' bytes on the vector path
+// too, and there the tile path was no faster (measured on a 151,936 x 1536 head and a 1536 x 8960 layer: even at 5
+// tokens, slower at 2; from 6 on the vector path's time grows with the tokens and the tile path's hardly does).
+constexpr int64_t kAmxMinTokens = 5;
+
+bool amx_for(int64_t T) { return T >= kAmxMinTokens && amx_wanted.load(std::memory_order_relaxed) && amx_granted(); }
+
+#if VERISPEC_AMX
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Configure the tiles for `tt` tokens (the calling thread's tile state; other code on this thread, oneDNN's AMX
+// kernels among it, configures its own before use).
+inline void configure_tiles(int tt) {
+  TileConfig c;
+  c.rows[0] = static_cast<uint8_t>(tt);
+  c.colsb[0] = kGroup;
+  for (int b = 1; b <= 2; ++b) {
+    c.rows[b] = 8;
+    c.colsb[b] = 64;
+  }
+  for (int r = 4; r < 8; ++r) {
+    c.rows[r] = static_cast<uint8_t>(tt);
+    c.colsb[r] = 64;
+  }
+  asm volatile("ldtilecfg %0" ::"m"(c));  // not _tile_loadconfig: GCC 12 may drop the stores to `c` before it
+}
+
+// acc[r][t][16] = sum over inputs of xq * w (int32, exact) for the four blocks r of one quad of int8 weights and tt
+// tokens t. The packed chunk of a block is already a tile's 8 rows of 64 bytes.
+inline void amx_quad8(const uint8_t* quad, int64_t C, const int8_t* xq, int64_t K, int tt, int32_t* acc) {
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+  for (int64_t c = 0; c < C; ++c) {
+    const uint8_t* chunk = quad + c * kQuadChunk8;
+    for (int b = 0; b < kQuad * kCell8; b += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(chunk + b + kPrefetch), _MM_HINT_T1);
+    _tile_loadd(0, xq + c * kGroup, K);
+    _tile_loadd(1, chunk, 64);
+    _tile_dpbssd(4, 0, 1);
+    _tile_loadd(2, chunk + kCell8, 64);
+    _tile_dpbssd(5, 0, 2);
+    _tile_loadd(1, chunk + 2 * kCell8, 64);
+    _tile_dpbssd(6, 0, 1);
+    _tile_loadd(2, chunk + 3 * kCell8, 64);
+    _tile_dpbssd(7, 0, 2);
+  }
+  _tile_stored(4, acc, 64);
+  _tile_stored(5, acc + tt * kRows, 64);
+  _tile_stored(6, acc + 2 * tt * kRows, 64);
+  _tile_stored(7, acc + 3 * tt * kRows, 64);
+}
+#endif
+
+// The tile path's traversal: quads split over the threads, up to kSuper tokens passing each quad while its weights
+// stay in cache, tiles of up to kAmxTokens tokens. run(nq, t0, tt, acc) fills acc[r][t][16] for the quad's four
+// blocks and tokens t0..t0+tt; store(n0, t, a) writes token t's outputs n0..n0+15 from a.
+template <typename Acc, typename Run, typename Store>
+void over_amx_tiles(int64_t NQ, int64_t T, const Run& run, const Store& store) {
+#if VERISPEC_AMX
+  at::parallel_for(0, NQ, 1, [&](int64_t q0, int64_t q1) {
+    alignas(64) Acc acc[kQuad * kAmxTokens * kRows];
+    int configured = 0;
+    for (int64_t s0 = 0; s0 < T; s0 += kSuper) {
+      const int64_t s1 = std::min(T, s0 + kSuper);
+      for (int64_t nq = q0; nq < q1; ++nq) {
+        for (int64_t t0 = s0; t0 < s1; t0 += kAmxTokens) {
+          const int tt = static_cast<int>(std::min<int64_t>(kAmxTokens, s1 - t0));
+          if (tt != configured) configure_tiles(configured = tt);
+          run(nq, t0, tt, acc);
+          for (int r = 0; r < kQuad; ++r)
+            for (int t = 0; t < tt; ++t) store((nq * kQuad + r) * kRows, t0 + t, acc + (r * tt + t) * kRows);
+        }
+      }
+    }
+    _tile_release();
+  });
+#else
+  (void)NQ, (void)T, (void)run, (void)store;
+#endif
+}
+
+}  // namespace
+
+// Whether the 8-bit path runs passes of amx_min_tokens() or more on AMX tiles: built with them, granted by the OS,
+// and not turned off.
+bool amx() { return amx_for(kAmxMinTokens); }
+int64_t amx_min_tokens() { return kAmxMinTokens; }
+
+// Turn the tile path on or off for this module (both paths give the same bits; this is for measuring them).
+void set_amx(bool on) { amx_wanted.store(on); }
