@@ -88,3 +88,28 @@ def test_the_portable_path_returns_the_same_bits():
     x[2] *= 50
     portable = extension(portable=True)
     assert torch.equal(portable.linear8(x, layer.packed, layer.scale, layer.rowsum, layer.bias), layer(x))
+
+
+@pytest.fixture
+def tiles_then_restored():
+    """The kernel's AMX switch, turned back on (its default) after the test."""
+    from verispec.models.int4 import set_amx_tiles
+
+    yield set_amx_tiles
+    set_amx_tiles(True)
+
+
+@pytest.mark.skipif(not extension().amx(), reason="no AMX tiles on this CPU (or not granted by the OS)")
+def test_the_tile_path_returns_the_vector_paths_bits_at_every_size(tiles_then_restored):
+    layer = layer_for(256, 320, seed=11)  # 4 quads of blocks, 10 chunks of inputs
+    x = torch.randn(70, 320, generator=torch.Generator().manual_seed(12))
+    x[6] *= 80
+    x[20] = 0.0
+    for rows in range(1, 71):  # below the tiles' threshold, one tile, several, past the 64-token cache block
+        tiles_then_restored(True)
+        on_tiles = layer._run(x[:rows])
+        tiles_then_restored(False)
+        assert torch.equal(on_tiles, layer._run(x[:rows])), rows
+    assert "AMX" not in layer.describe()
+    tiles_then_restored(True)
+    assert f"passes of {extension().amx_min_tokens()}+ tokens on AMX tiles" in layer.describe()

@@ -260,14 +260,19 @@ void over_tiles(int64_t NQ, int64_t T, const Run& run, const Store& store) {
     for (int64_t s0 = 0; s0 < T; s0 += kSuper) {
       const int64_t s1 = std::min(T, s0 + kSuper);
       for (int64_t nq = q0; nq < q1; ++nq) {
-        for (int64_t t0 = s0; t0 < s1; t0 += kTile) {
-          const int tt = static_cast<int>(std::min<int64_t>(kTile, s1 - t0));
+        // Tiles as even as they can be: each costs about the same per token, but a pass of 9 as 8 + 1 ran its last
+        // token at a one-token pass's full price (the weights streamed again for one token).
+        const int64_t tiles = (s1 - s0 + kTile - 1) / kTile;
+        int64_t t0 = s0;
+        for (int64_t i = 0; i < tiles; ++i) {
+          const int tt = static_cast<int>((s1 - t0) / (tiles - i));
           const int rb = kTileBlocks[tt];
           for (int r0 = 0; r0 < kQuad; r0 += rb) {
             run(nq, r0, t0, tt, acc);
             for (int r = 0; r < rb; ++r)
               for (int t = 0; t < tt; ++t) store((nq * kQuad + r0 + r) * kRows, t0 + t, acc + (r * tt + t) * kRows);
           }
+          t0 += tt;
         }
       }
     }
