@@ -3,8 +3,8 @@
 //
 // Why: on the vector path every token costs one vpdpbusd per 16 rows x 4 inputs, so past about 5 tokens an 8-bit
 // layer becomes compute-bound: a 9-token pass over the target's 151,936 x 1536 head (8-bit, a fifth of its weights)
-// cost 1.6-2.1x a one-token pass. One tile instruction multiplies up to 16 tokens by 16 rows x 32 inputs, and the
-// head's 9-token pass costs about 1.2x.
+// cost 1.6-2.5x a one-token pass. One tile instruction multiplies up to 16 tokens by 16 rows x 32 inputs, and the
+// head's 9-token pass costs about 1.2-1.7x.
 //
 // Same bits: the tile unit sums xq * w over all inputs exactly in int32, the vector path (xq + 128) * w, from which
 // 128 x the row's weight sum is taken off: the same integer, then the same float operations, so a token's outputs
@@ -47,9 +47,9 @@ bool amx_granted() {
 }
 
 // Passes of at least this many tokens take the tile path. Fewer are bound by the weights' bytes on the vector path
-// too, and there the tile path was no faster (measured on a 151,936 x 1536 head and a 1536 x 8960 layer: even at 5
-// tokens, slower at 2; from 6 on the vector path's time grows with the tokens and the tile path's hardly does).
-constexpr int64_t kAmxMinTokens = 5;
+// too, and there the tile path was no faster (benchmarks/kernel_revisions.py, a slice of the head and a 1536 x 8960
+// layer: 1.04-1.15x the vector path's time at 5 tokens, more at 2; 0.89-0.94x at 6, 0.6-0.7x at 9 and 13).
+constexpr int64_t kAmxMinTokens = 6;
 
 bool amx_for(int64_t T) { return T >= kAmxMinTokens && amx_wanted.load(std::memory_order_relaxed) && amx_granted(); }
 
