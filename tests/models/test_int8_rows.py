@@ -92,7 +92,7 @@ def test_the_portable_path_returns_the_same_bits():
 
 @pytest.fixture
 def tiles_then_restored():
-    """The kernel's AMX switch, turned back on (its default) after the test."""
+    """The kernel's AMX switch, turned back to its default after the test."""
     from verispec.models.int4 import set_amx_tiles
 
     yield set_amx_tiles
@@ -105,11 +105,16 @@ def test_the_tile_path_returns_the_vector_paths_bits_at_every_size(tiles_then_re
     x = torch.randn(70, 320, generator=torch.Generator().manual_seed(12))
     x[6] *= 80
     x[20] = 0.0
-    for rows in range(1, 71):  # below the tiles' threshold, one tile, several, past the 64-token cache block
-        tiles_then_restored(True)
+    for rows in range(1, 71):  # one tile of 1..16 tokens, several, past the 64-token cache block
+        tiles_then_restored(True, min_tokens=1)
         on_tiles = layer._run(x[:rows])
         tiles_then_restored(False)
         assert torch.equal(on_tiles, layer._run(x[:rows])), rows
     assert "AMX" not in layer.describe()
     tiles_then_restored(True)
     assert f"passes of {extension().amx_min_tokens()}+ tokens on AMX tiles" in layer.describe()
+
+
+def test_the_tiles_threshold_must_be_a_count_of_tokens(tiles_then_restored):
+    with pytest.raises(ValueError, match="min_tokens must be >= 1"):
+        tiles_then_restored(True, min_tokens=0)

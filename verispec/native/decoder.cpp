@@ -197,5 +197,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("x"), py::arg("keys"), py::arg("values"), py::arg("start"), py::arg("cos"), py::arg("sin"),
            py::arg("mask") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("amx", &amx, "whether 8-bit passes of several tokens run on AMX tiles");
-  m.def("set_amx", &set_amx, "turn the AMX tile path on or off", py::arg("on"));
+  m.def("amx_min_tokens", &amx_min_tokens, "the fewest tokens a pass on AMX tiles takes");
+  m.def("set_amx", &set_amx, "turn the AMX tile path on or off", py::arg("on"), py::arg("min_tokens") = 0);
 }

@@ -30,7 +30,6 @@
 namespace {
 
 constexpr int kAmxTokens = 16;    // rows of an activation tile
-std::atomic<bool> amx_wanted{true};  // set_amx(False) keeps the vector path (to measure one against the other)
 
 // Whether the OS lets this process use the tile registers (Linux asks each process to request them once).
 bool amx_granted() {
@@ -46,12 +45,20 @@ bool amx_granted() {
 #endif
 }
 
-// Passes of at least this many tokens take the tile path. Fewer are bound by the weights' bytes on the vector path
-// too, and there the tile path was no faster (benchmarks/kernel_revisions.py, a slice of the head and a 1536 x 8960
-// layer: 1.04-1.15x the vector path's time at 5 tokens, more at 2; 0.89-0.94x at 6, 0.6-0.7x at 9 and 13).
-constexpr int64_t kAmxMinTokens = 6;
+// Passes of at least this many tokens take the tile path. Measured in the default target's forwards
+// (benchmarks/tile_passes.py, tiles against the vector path in one process): 0.94-0.97x the time at 5 tokens, a tie
+// at 3, 0.93x at 9 and 0.87x at 13. (Layer by layer, streamed alone, 5 tokens had come out the other way, 1.04-1.15x:
+// benchmarks/kernel_revisions.py; the model's forward is what decoding runs.)
+constexpr int64_t kAmxMinTokens = 5;
 
-bool amx_for(int64_t T) { return T >= kAmxMinTokens && amx_wanted.load(std::memory_order_relaxed) && amx_granted(); }
+// set_amx() changes both, to measure the two paths against each other: off keeps the vector path at every size.
+std::atomic<bool> amx_wanted{true};
+std::atomic<int64_t> amx_threshold{kAmxMinTokens};
+
+bool amx_for(int64_t T) {
+  return T >= amx_threshold.load(std::memory_order_relaxed) && amx_wanted.load(std::memory_order_relaxed) &&
+         amx_granted();
+}
 
 #if VERISPEC_AMX
 struct alignas(64) TileConfig {
@@ -139,8 +146,13 @@ void over_amx_tiles(int64_t NQ, int64_t T, const Run& run, const Store& store) {
 
 // Whether the 8-bit path runs passes of amx_min_tokens() or more on AMX tiles: built with them, granted by the OS,
 // and not turned off.
-bool amx() { return amx_for(kAmxMinTokens); }
-int64_t amx_min_tokens() { return kAmxMinTokens; }
+bool amx() { return amx_wanted.load() && amx_granted(); }
+int64_t amx_min_tokens() { return amx_threshold.load(); }
 
-// Turn the tile path on or off for this module (both paths give the same bits; this is for measuring them).
-void set_amx(bool on) { amx_wanted.store(on); }
+// Turn the tile path on or off for this module, from passes of `min_tokens` (0: the default); both paths give the
+// same bits, so this only serves to measure them.
+void set_amx(bool on, int64_t min_tokens) {
+  TORCH_CHECK(min_tokens >= 0, "min_tokens must be >= 0 (0: the default, ", kAmxMinTokens, "), got ", min_tokens);
+  amx_threshold.store(min_tokens == 0 ? kAmxMinTokens : std::max<int64_t>(min_tokens, 1));
+  amx_wanted.store(on);
+}
