@@ -12,7 +12,8 @@
 //
 // The 4-bit layers stay on the vector path: their float scale and offset per group of 32 inputs must be applied to
 // each group's sums, so every group's tile of sums goes out through memory, and with the nibbles' unpacking into a
-// tile's layout that ran slower than the vector path at every size from 2 to 16 tokens (2.8x at 2, 1.4x at 16).
+// tile's layout that ran slower than the vector path up to 8 tokens (2.6x at 2), even at 9, and faster only from
+// about 12: past the passes decoding runs (5 tokens for a chain, about 9 for a 3-path tree).
 //
 // Tiles: tmm0 the tokens' int8 activations of one chunk of 32 inputs (rows = tokens, 32 bytes); tmm1 and tmm2 a
 // block's weights of the chunk, which the packed layout already holds as a tile's 8 rows of 64 bytes (row p: inputs
