@@ -72,6 +72,20 @@ def test_draft_confidence_at_temperature_1_ends_drafts_early(server, decoder):
     assert complete(server, **kwargs, verispec={"draft_confidence": 1})["verispec"]["drafted_tokens"] > 0
 
 
+def test_hybrid_catchup_reaches_the_engine(server, decoder):
+    # With no catch-up allowed, the hybrid's draft model stays out of every round after one where lookup drafted.
+    for catchup in (0, 2.5):
+        options = {"drafter": "hybrid", "ngram_min": 1, "hybrid_catchup": catchup}
+        stats = complete(server, temperature=0, verispec=options)["verispec"]
+        offline = decoder.generate(PROMPT, chat_template=False, max_new_tokens=20, **options)
+        assert (stats["draft_calls"], stats["drafted_tokens"]) == (offline.trace.draft_calls, drafted(offline))
+    never = decoder.generate(PROMPT, chat_template=False, max_new_tokens=20, drafter="hybrid", ngram_min=1,
+                             hybrid_catchup=0)
+    always = decoder.generate(PROMPT, chat_template=False, max_new_tokens=20, drafter="hybrid", ngram_min=1,
+                              hybrid_catchup=float("inf"))
+    assert never.trace.draft_calls < always.trace.draft_calls  # the setting changes what runs
+
+
 GOOD = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 T1 = {"temperature": 1.0}
 
@@ -89,6 +103,9 @@ T1 = {"temperature": 1.0}
         (GOOD | {"verispec": {"ngram_min": "1"}}, "verispec.ngram_min", "valid integer"),
         (GOOD | {"verispec": {"ngram_max": 2.0}}, "verispec.ngram_max", "valid integer"),
         (GOOD | {"verispec": {"ngram_gamma": 0}}, "verispec.ngram_gamma", "ngram_gamma (the most tokens"),
+        (GOOD | {"verispec": {"drafter": "hybrid", "hybrid_catchup": -1}}, "verispec.hybrid_catchup",
+         "must be a number >= 0"),
+        (GOOD | {"verispec": {"hybrid_catchup": "2"}}, "verispec.hybrid_catchup", "valid number"),
         (GOOD | T1 | {"verispec": {"draft_confidence": 0}}, "verispec.draft_confidence", "must be in (0, 1]"),
         (GOOD | T1 | {"verispec": {"draft_confidence": 1.5}}, "verispec.draft_confidence", "must be in (0, 1]"),
         (GOOD | T1 | {"verispec": {"draft_confidence": "0.5"}}, "verispec.draft_confidence", "valid number"),

@@ -44,6 +44,7 @@ class VerispecOptions(BaseModel):
     ngram_min: int | None = None
     ngram_max: int | None = None
     ngram_gamma: int | None = None
+    hybrid_catchup: float | None = None
     draft_confidence: float | None = None
 
 
