@@ -4,7 +4,7 @@
 // Why: on the vector path every token costs one vpdpbusd per 16 rows x 4 inputs, so past about 5 tokens an 8-bit
 // layer becomes compute-bound: a 9-token pass over the target's 151,936 x 1536 head (8-bit, a fifth of its weights)
 // cost 1.6-2.5x a one-token pass. One tile instruction multiplies up to 16 tokens by 16 rows x 32 inputs, and the
-// head's 9-token pass costs about 1.2-1.7x.
+// head's 9-token pass costs about 1.1-1.7x (benchmarks/kernel_revisions.py, over runs).
 //
 // Same bits: the tile unit sums xq * w over all inputs exactly in int32, the vector path (xq + 128) * w, from which
 // 128 x the row's weight sum is taken off: the same integer, then the same float operations, so a token's outputs
@@ -48,8 +48,8 @@ bool amx_granted() {
 
 // Passes of at least this many tokens take the tile path. Measured in the default target's forwards
 // (benchmarks/tile_passes.py, tiles against the vector path in one process): 0.94-0.97x the time at 5 tokens, a tie
-// at 3, 0.93x at 9 and 0.87x at 13. (Layer by layer, streamed alone, 5 tokens had come out the other way, 1.04-1.15x:
-// benchmarks/kernel_revisions.py; the model's forward is what decoding runs.)
+// at 3, 0.93x at 9 and 0.87x at 13. (Layer by layer, streamed alone, 5 tokens came out anywhere from 0.96x to 1.15x
+// over runs of benchmarks/kernel_revisions.py; the model's forward is what decoding runs.)
 constexpr int64_t kAmxMinTokens = 5;
 
 // set_amx() changes both, to measure the two paths against each other: off keeps the vector path at every size.
