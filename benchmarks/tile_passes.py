@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from verispec.bench.files import write_atomically
-from verispec.models.int4 import extension, set_amx_tiles
+from verispec.models.decoder_stack import set_amx_tiles
+from verispec.models.int4 import extension
 from verispec.models.loading import load_model
 from verispec.provenance import provenance
 

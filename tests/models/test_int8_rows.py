@@ -93,7 +93,7 @@ def test_the_portable_path_returns_the_same_bits():
 @pytest.fixture
 def tiles_then_restored():
     """The kernel's AMX switch, turned back to its default after the test."""
-    from verispec.models.int4 import set_amx_tiles
+    from verispec.models.decoder_stack import set_amx_tiles
 
     yield set_amx_tiles
     set_amx_tiles(True)

@@ -19,7 +19,7 @@ import torch
 
 from verispec.errors import ConfigError
 from verispec.models.fused import FusedInt4, projection_runs
-from verispec.models.int4 import Int4Linear, Int8RowLinear
+from verispec.models.int4 import Int4Linear, Int8RowLinear, extension
 from verispec.native.build import load_native
 
 NATIVE = Path(__file__).resolve().parent.parent / "native"
@@ -34,6 +34,17 @@ def stack_kernel() -> Any | None:
         return load_native(SOURCE, "decoder", extra_flags=("-mprefer-vector-width=512",), includes=INCLUDES)
     except ConfigError:
         return None
+
+
+def set_amx_tiles(on: bool, min_tokens: int | None = None) -> None:
+    """Let the kernel's 8-bit layers run passes of `min_tokens` or more (None: the default, 5) on AMX tiles where the
+    CPU has them (the default), or keep them on the vector path: both give the same bits, so this only serves to
+    measure one against the other. Applies to both copies of the kernel: the layers' and this stack's."""
+    if min_tokens is not None and min_tokens < 1:
+        raise ValueError(f"min_tokens must be >= 1 (or None for the default), got {min_tokens}")
+    for kernel in (extension(), stack_kernel()):
+        if kernel is not None:
+            kernel.set_amx(on, min_tokens or 0)
 
 
 def _parts(modules: list[torch.nn.Module], fuse: bool) -> list[tuple[torch.Tensor, ...]] | None:

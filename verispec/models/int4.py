@@ -45,19 +45,6 @@ def extension(portable: bool = False) -> Any:
     return load_native(SOURCE, "int4", portable, instead="Use --linear-backend int8 instead.", includes=INCLUDES)
 
 
-def set_amx_tiles(on: bool, min_tokens: int | None = None) -> None:
-    """Let the kernel's 8-bit layers run passes of `min_tokens` or more (None: the default, 5) on AMX tiles where the
-    CPU has them (the default), or keep them on the vector path: both give the same bits, so this only serves to
-    measure one against the other. Applies to the layers and to the decoder stack's copy of the kernel."""
-    from verispec.models.decoder_stack import stack_kernel  # imported here: decoder_stack imports this module
-
-    if min_tokens is not None and min_tokens < 1:
-        raise ValueError(f"min_tokens must be >= 1 (or None for the default), got {min_tokens}")
-    for kernel in (extension(), stack_kernel()):
-        if kernel is not None:
-            kernel.set_amx(on, min_tokens or 0)
-
-
 def grid_4bit(weight: torch.Tensor, rel_tol: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     """Return (q [out, in] uint8 in 0..15, scale [out, in/32], offset [out, in/32], share of groups on a grid).
 
