@@ -12,19 +12,15 @@ median).
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-from verispec.bench.files import write_atomically
 from verispec.models.loading import load_model
-from verispec.provenance import provenance
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quantized_models import timed_forward  # noqa: E402  (a sibling script: the same timing for every script)
+from quantized_models import stat, timed_forward, write_forward_times  # noqa: E402  (a sibling script: the same timing for every script)
 
 SETTINGS = {"loop": (False, False), "small-ops": (True, False), "stack": (True, True)}  # (small_ops, whole_stack)
 
@@ -67,9 +63,6 @@ def main() -> None:
     for model in models.values():
         set_loop(model, "stack")
 
-    def stat(values: list[float], how: str) -> float:
-        return min(values) if how == "min" else statistics.median(values)
-
     summary: dict = {}
     for name in models:
         for setting in SETTINGS:
@@ -88,13 +81,7 @@ def main() -> None:
             summary[f"{setting}/c/{how}"] = c
             summary.update({f"{setting}/f({k})/{how}": v for k, v in f.items()})
             print(f"{setting:9s} {how:6s} c {c:.3f}  " + "  ".join(f"f({k}) {v:.2f}" for k, v in f.items()))
-    if args.out is not None:
-        record = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                  "provenance": provenance(), "summary": summary,
-                  "times_ms": {f"{n}/{s}/{k}": [t * 1e3 for t in v] for n, per in times.items()
-                               for s, sizes in per.items() for k, v in sizes.items()}}
-        write_atomically(args.out, json.dumps(record, indent=1))
-        print(f"wrote {args.out}")
+    write_forward_times(args, summary, times)
 
 
 if __name__ == "__main__":

@@ -21,13 +21,18 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from verispec.bench.datasets import load_prompts
+from verispec.bench.files import write_atomically
 from verispec.models.hf import HFCausalLM
 from verispec.models.loading import load_model
+from verispec.provenance import provenance
 
 DEV = "spec-bench:/work/shared/data/spec_bench/dev.jsonl"
 
@@ -41,6 +46,24 @@ def timed_forward(model: HFCausalLM, tokens: list[int], n_logits: int, context: 
     start, cpu = time.perf_counter(), time.process_time()
     model.forward(tokens, n_logits=n_logits)
     return time.perf_counter() - start, time.process_time() - cpu
+
+
+def stat(values: list[float], how: str) -> float:
+    """The minimum ("min": the least-disturbed run) or the median of `values`."""
+    return min(values) if how == "min" else statistics.median(values)
+
+
+def write_forward_times(args: argparse.Namespace, summary: dict, times: dict) -> None:
+    """Write `args.out` (if given) atomically: the arguments, provenance, `summary` and every timing in ms, from
+    `times` {model: {setting: {k: [seconds]}}}."""
+    if args.out is None:
+        return
+    record = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+              "provenance": provenance(), "summary": summary,
+              "times_ms": {f"{n}/{s}/{k}": [t * 1e3 for t in v] for n, per in times.items()
+                           for s, sizes in per.items() for k, v in sizes.items()}}
+    write_atomically(args.out, json.dumps(record, indent=1))
+    print(f"wrote {args.out}")
 
 
 def time_backends(models: dict[str, HFCausalLM], role: str, ks: list[int], context: int, reps: int,

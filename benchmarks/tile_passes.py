@@ -13,21 +13,17 @@ On a CPU without AMX (or where the OS does not grant it) there is nothing to com
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-from verispec.bench.files import write_atomically
 from verispec.models.decoder_stack import set_amx_tiles
 from verispec.models.int4 import extension
 from verispec.models.loading import load_model
-from verispec.provenance import provenance
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quantized_models import timed_forward  # noqa: E402  (a sibling script: the same timing for every script)
+from quantized_models import stat, timed_forward, write_forward_times  # noqa: E402  (a sibling script: the same timing for every script)
 
 SETTINGS = {"vector": False, "tiles": True}
 EVERY_PASS = 2  # the tiles' threshold while measuring: every multi-token pass
@@ -73,9 +69,6 @@ def main() -> None:
                     times[name][setting][k].append(timed_forward(model, fresh[:k], k, args.context)[0])
     set_amx_tiles(True)
 
-    def stat(values: list[float], how: str) -> float:
-        return min(values) if how == "min" else statistics.median(values)
-
     summary: dict = {}
     for name in models:
         for k in args.tokens:
@@ -92,13 +85,7 @@ def main() -> None:
             f = {k: stat(times["target"][setting][k], how) / one for k in args.tokens if k > 1}
             summary.update({f"{setting}/f({k})/{how}": v for k, v in f.items()})
             print(f"target {setting:6s} {how:6s} " + "  ".join(f"f({k}) {v:.2f}" for k, v in f.items()))
-    if args.out is not None:
-        record = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                  "provenance": provenance(), "summary": summary,
-                  "times_ms": {f"{n}/{s}/{k}": [t * 1e3 for t in v] for n, per in times.items()
-                               for s, sizes in per.items() for k, v in sizes.items()}}
-        write_atomically(args.out, json.dumps(record, indent=1))
-        print(f"wrote {args.out}")
+    write_forward_times(args, summary, times)
 
 
 if __name__ == "__main__":
