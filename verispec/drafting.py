@@ -1,7 +1,8 @@
 """Draft proposals: K i.i.d. paths of length γ from the draft model, one forward per depth for all paths.
 
 With K = 1 this is plain autoregressive drafting. With K > 1 the K paths are fed as a tree after the committed
-sequence (tree attention), so one draft forward per depth serves all paths (docs/algorithms.md §2.1, "Drafting").
+sequence (tree attention), so one draft forward per depth serves all paths (docs/algorithms.md §2.1, "Drafting");
+paths that share a prefix share its row, so a depth feeds one token per distinct prefix.
 """
 
 from __future__ import annotations
@@ -116,13 +117,21 @@ def draft_paths(
         last = [path[-1] for path in paths]
         if n_paths == 1:
             out = drafter.forward(last, n_logits=1, return_hidden=keep_hidden)  # [1, V]
+            rows, row_of = [0], [0]
         else:
-            parents = [pos[-1] if pos else start - 1 for pos in positions]  # the previous token of each path
-            out = drafter.forward(last, n_logits=n_paths, parents=parents)  # [K, V]
-        forwards, fed = forwards + 1, fed + n_paths
-        q_depth = process_logits(out.logits, sampling, q[:, depth])  # [K, V]
+            # Paths with the same prefix have the same next law: feed each distinct prefix once (i.i.d. draws from
+            # a confident draft often coincide), and give every path its prefix's row and cache position.
+            rows, row_of = distinct_prefixes(paths)
+            parents = [positions[k][-1] if positions[k] else start - 1 for k in rows]  # each prefix's last token
+            out = drafter.forward([last[k] for k in rows], n_logits=len(rows), parents=parents)  # [rows, V]
+        forwards, fed = forwards + 1, fed + len(rows)
+        if len(rows) == n_paths:  # row k is path k's: the laws go straight into q
+            q_depth = process_logits(out.logits, sampling, q[:, depth])  # [K, V]
+        else:
+            q_depth = q[:, depth]
+            q_depth.copy_(process_logits(out.logits, sampling).index_select(0, torch.tensor(row_of)))
         for k, path in enumerate(paths):
-            positions[k].append(start + k)
+            positions[k].append(start + row_of[k])
             path.append(draw(q_depth[k], sampling, generator))
         hidden = out.hidden[0] if keep_hidden else None
         if hidden is not None:
@@ -133,6 +142,15 @@ def draft_paths(
     drafted = forwards  # one depth per forward; fewer than γ where drafting stopped early
     q = q[:, :drafted] if n_paths == 1 or drafted == gamma else q[:, :drafted].contiguous()
     return DraftBlock(paths, q, positions, forwards, fed, scores, decisions, hiddens)
+
+
+def distinct_prefixes(paths: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Return the first path of each distinct prefix among `paths` (in path order) and, for each path, the index of
+    its prefix in that list."""
+    first: dict[tuple[int, ...], int] = {}
+    row_of = [first.setdefault(tuple(path), len(first)) for path in paths]
+    rows = [row_of.index(row) for row in range(len(first))]
+    return rows, row_of
 
 
 @dataclass

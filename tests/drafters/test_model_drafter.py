@@ -34,3 +34,25 @@ def test_each_row_of_q_is_the_law_of_its_prefix(n_paths, sampling):
                 expected = process_logits(logits, sampling)[0]
                 assert torch.allclose(block.q[k, i], expected, rtol=1e-13, atol=1e-300), (k, i)
     assert stopped_early > 0 or sampling.greedy  # the early-stop slice was exercised
+
+
+def test_paths_that_share_a_prefix_share_its_draft_row_and_cache_position():
+    # K i.i.d. paths from a confident draft often coincide: each depth feeds the draft one row per distinct prefix
+    # (not K), and the paths of a prefix point at the same cache position. A forward that fed every path, or a path
+    # given another prefix's row, would fail the counts or the law check above (greedy: all paths are one prefix).
+    draft = TabularLM(6, seed=2, sharpness=2.0)
+    shared = distinct = 0
+    for seed in range(40):
+        draft.reset()
+        block = draft_paths(draft, CONTEXT, 3, 4, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(seed),
+                            frozenset(), 6)
+        prefixes = [len({tuple(path[: i + 1]) for path in block.tokens}) for i in range(block.forwards - 1)]
+        assert block.fed == len(CONTEXT) + sum(prefixes)
+        assert draft.cache_length == len(CONTEXT) + sum(prefixes)
+        for i in range(block.forwards - 1):
+            for a, b in ((0, 1), (0, 2), (1, 2)):
+                same = block.tokens[a][: i + 1] == block.tokens[b][: i + 1]
+                assert (block.positions[a][i] == block.positions[b][i]) == same
+        shared += sum(n < 3 for n in prefixes)
+        distinct += sum(n == 3 for n in prefixes)
+    assert shared and distinct  # depths with shared and with distinct prefixes were both exercised
