@@ -75,8 +75,9 @@ def check_block_shapes(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Ten
 def drafted_probs(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (p(x_i|x^{i-1}), q(x_i|x^{i-1})) for i = 1..γ, float64, q clamped away from 0."""
     index = draft_tokens.view(-1, 1)
-    p_x = p[:-1].to(torch.float64).gather(1, index).view(-1)
-    q_x = q.to(torch.float64).gather(1, index).view(-1).clamp_min(MIN_DRAFT_PROB)
+    # Gathered, then widened (exact): widening first would copy the whole [γ, V] block when it is float32.
+    p_x = p[:-1].gather(1, index).view(-1).to(torch.float64)
+    q_x = q.gather(1, index).view(-1).to(torch.float64).clamp_min(MIN_DRAFT_PROB)
     return p_x, q_x
 
 

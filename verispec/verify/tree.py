@@ -75,8 +75,9 @@ class PathLaws:
     copy of its rows.
     """
 
-    def __init__(self, rows: Callable[[list[int], torch.Tensor | None], torch.Tensor], node_of: torch.Tensor,
+    def __init__(self, rows: Callable[[list[int], torch.Tensor | None], torch.Tensor] | None, node_of: torch.Tensor,
                  vocab_size: int, dense: torch.Tensor | None = None) -> None:
+        assert (rows is None) != (dense is None), "PathLaws reads either node rows or a dense tensor"
         self._rows = rows  # (node ids, out [n, V] or None) -> their laws [n, V] (float64; `out` when given)
         self.node_of = node_of  # [K, γ+1] long: the node whose row is p[k, i]
         self.vocab_size = vocab_size
@@ -92,8 +93,7 @@ class PathLaws:
         """Wrap a dense p `[K, γ+1, V]` (widened to float64 once)."""
         p = p.to(torch.float64)
         k, rows, vocab_size = p.shape
-        return cls(lambda ids, out: p.view(-1, vocab_size)[ids], torch.arange(k * rows).view(k, rows), vocab_size,
-                   p)
+        return cls(None, torch.arange(k * rows).view(k, rows), vocab_size, p)
 
     @property
     def shape(self) -> torch.Size:
