@@ -129,7 +129,7 @@ def draft_paths(
             q_depth = process_logits(out.logits, sampling, q[:, depth])  # [K, V]
         else:
             q_depth = q[:, depth]
-            q_depth.copy_(process_logits(out.logits, sampling).index_select(0, torch.tensor(row_of)))
+            q_depth.copy_(process_logits(out.logits, sampling).index_select(0, torch.tensor(row_of, device=q.device)))
         for k, path in enumerate(paths):
             positions[k].append(start + row_of[k])
             path.append(draw(q_depth[k], sampling, generator))
