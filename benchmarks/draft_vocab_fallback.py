@@ -90,32 +90,30 @@ class OutsideMass:
     """The structured estimates of the logit mass outside the top N, for one head size."""
 
     def __init__(self, embedding: torch.Tensor, top: torch.Tensor, tune_hidden: torch.Tensor, clusters: int,
-                 rank: int, seed: int) -> None:
+                 seed: int) -> None:
         outside = torch.ones(len(embedding), dtype=torch.bool)
         outside[top] = False
         self.ids = outside.nonzero().squeeze(1)
         rows = embedding[self.ids]
-        if clusters:
-            self.centroids, self.variances, sizes = kmeans(rows, clusters, 8, seed)
-            self.log_sizes = sizes.clamp(min=1).log()
+        self.centroids, self.variances, sizes = kmeans(rows, clusters, 8, seed)
+        self.log_sizes = sizes.clamp(min=1).log()
         # Whitening by the tuning hidden states' second moment makes the rank-r fit the best one of their logits.
         moment = tune_hidden.T @ tune_hidden / len(tune_hidden)
         chol = torch.linalg.cholesky(moment + 1e-3 * moment.diagonal().mean() * torch.eye(len(moment)))
         _, _, right = torch.linalg.svd(rows @ chol, full_matrices=False)
-        self.rank = rank
-        self.query = torch.linalg.inv(chol).T @ right[:rank].T  # h @ query: the hidden state in the rank-r basis
-        self.keys = rows @ chol @ right[:rank].T  # [|O|, r]
+        self.query = torch.linalg.inv(chol).T @ right.T  # h @ query[:, :r]: the hidden state in the rank-r basis
+        self.keys = rows @ chol @ right.T  # [|O|, H]: the first r columns are O's rows in that basis
 
     def clusters(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.logsumexp(hidden @ self.centroids.T + 0.5 * (hidden * hidden) @ self.variances.T
                                + self.log_sizes, -1)
 
-    def approximate(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[n, |O|] rank-r approximations of O's logits."""
-        return (hidden @ self.query) @ self.keys.T
+    def approximate(self, hidden: torch.Tensor, rank: int) -> torch.Tensor:
+        """[n, |O|] rank-`rank` approximations of O's logits."""
+        return (hidden @ self.query[:, :rank]) @ self.keys[:, :rank].T
 
 
-def score(data: dict, top: torch.Tensor, outside: OutsideMass, screen: OutsideMass, screen_k: int
+def score(data: dict, top: torch.Tensor, outside: OutsideMass, rank: int, screen_rank: int, screen_k: int
           ) -> dict[str, np.ndarray]:
     """Per position: α of the full head, the reduced head and the screened head; q(S); the signals."""
     z, h, p = data["z"], data["h"], data["p"].double()
@@ -128,9 +126,10 @@ def score(data: dict, top: torch.Tensor, outside: OutsideMass, screen: OutsideMa
     z_s = z.double().masked_fill(~inside, float("-inf"))
     q_s = torch.softmax(z_s, -1)
     lse_s = torch.logsumexp(z_s, -1)
-    approx = outside.approximate(h)
+    approx = outside.approximate(h, rank)
     screened = inside.clone()
-    screened[torch.arange(n)[:, None], screen.ids[screen.approximate(h).topk(screen_k, -1).indices]] = True
+    nearest = outside.approximate(h, screen_rank).topk(screen_k, -1).indices  # [n, k] into O
+    screened[torch.arange(n)[:, None], outside.ids[nearest]] = True
     out = {"full": torch.minimum(p, q).sum(-1), "reduced": torch.minimum(p, q_s).sum(-1),
            "screen": torch.minimum(p, torch.softmax(z.double().masked_fill(~screened, float("-inf")), -1)).sum(-1),
            "in_mass": (q * inside).sum(-1), "confidence": -q_s.max(-1).values, "mass": -lse_s,
@@ -171,9 +170,8 @@ def main() -> None:
           "|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for size in args.vocabs:
         top = torch.tensor(reduced_vocabulary(size, vocab_size, ranking, specials))
-        signal = OutsideMass(embedding, top, tune["h"], args.clusters, args.rank, args.seed)
-        screen = OutsideMass(embedding, top, tune["h"], 0, args.screen[0], args.seed)
-        t, e = (score(answers, top, signal, screen, args.screen[1]) for answers in (tune, judge))
+        signal = OutsideMass(embedding, top, tune["h"], args.clusters, args.seed)
+        t, e = (score(answers, top, signal, args.rank, *args.screen) for answers in (tune, judge))
         full, reduced = float(e["full"].mean()), float(e["reduced"].mean())
         outside = len(signal.ids)
         costs = {"confidence": 0.0, "mass": 0.0, "oracle": float("nan"), "clusters": 2 * args.clusters / vocab_size,
