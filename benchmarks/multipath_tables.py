@@ -1,4 +1,5 @@
-"""The multi-path verification tables of BENCHMARKS.md from one results file of `benchmarks/run_full.sh multipath-T*`.
+"""The multi-path verification tables of BENCHMARKS.md from one results file of `benchmarks/run_full.sh multipath-T*`
+(or its archive in benchmarks/results/).
 
 Prints markdown: the prompts' facts, one row per method (wall time and block efficiency with 95% intervals, α,
 block efficiency and speed against BV at the same γ and speed against `ar`, the time split, tokens per target
@@ -7,6 +8,7 @@ number comes from `verispec.bench.metrics` (the report's "Block efficiency and w
 one method only; here each method is set against BV at its own γ).
 
     .venv/bin/python benchmarks/multipath_tables.py results/full/multipath-T0.6.json [--first N] [--divergence]
+    .venv/bin/python benchmarks/multipath_tables.py benchmarks/results/int4-multipath-T1.0.json.gz
 
 `--first N` keeps prompts 0..N-1 only (a table of a run's first N prompts). `--divergence` adds, per γ, where the
 seed-sharing SD and BV decodes of each prompt part ways and how each fares after.
@@ -15,15 +17,17 @@ seed-sharing SD and BV decodes of each prompt part ways and how each fares after
 from __future__ import annotations
 
 import argparse
-import json
 import re
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from statistics import fmean
 from typing import Any
 
+from verispec.bench.files import read_results
 from verispec.bench.metrics import alpha_estimate, efficiency, target_calls_and_tokens
 from verispec.bench.tables import fmt, in_ms, with_ci
+from verispec.errors import ConfigError
 from verispec.stats import speedup_of_totals
 
 RESAMPLES, SEED = 2000, 0
@@ -207,8 +211,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--divergence", action="store_true",
                         help="also print where the seed-sharing SD and BV decodes part ways, per γ")
     args = parser.parse_args(argv)
-    with open(args.results) as handle:
-        data = json.load(handle)
+    data = read_results(args.results)
     records = [r for r in data["records"] if args.first is None or r["prompt_index"] < args.first]
     methods = list(data["config"]["methods"])
     print(prompt_facts(records), "", run_speeds(records, data["runs"]), "", *method_table(records, methods), "",
@@ -219,4 +222,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConfigError as exc:  # a file that is not results: one line, not a traceback
+        sys.exit(f"error: {exc}")

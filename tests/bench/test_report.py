@@ -109,3 +109,22 @@ def test_report_rejects_a_file_that_is_not_results(tmp_path, capsys):
         write_report(path)
     assert main(["report", str(tmp_path / "missing.json")]) == 2
     assert "cannot read results file" in capsys.readouterr().err
+
+
+def test_report_of_an_archive_matches_the_report_of_its_results_file(results_file, tmp_path, capsys):
+    from verispec.bench.archive import write_archive
+
+    path, results = results_file
+    results["records"] = [{**record, "prompt": f"prompt {record['prompt_index']}"} for record in results["records"]]
+    path.write_text(json.dumps(results))
+    archive = tmp_path / "kept" / "results.json.gz"
+    write_archive(results, archive)
+    from_file, _, _ = write_report(path)
+    from_archive, md_path, png_path = write_report(archive)
+    assert from_archive == from_file
+    # beside the archive, named after it without `.json.gz`
+    assert (md_path, png_path) == (tmp_path / "kept" / "results.md", tmp_path / "kept" / "results_speedup.png")
+    archive.write_bytes(archive.read_bytes()[:40])  # cut off mid-stream
+    assert main(["report", str(archive)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "is not a results file of `verispec bench`" in err

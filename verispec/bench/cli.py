@@ -79,19 +79,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_pareto(args: argparse.Namespace) -> int:
     """Plot speedup vs quality for one or more results files (one point per method and file) as a PNG."""
-    import json
     from pathlib import Path
 
+    from verispec.bench.files import read_results, results_stem
     from verispec.bench.pareto import plot_pareto
-    from verispec.errors import ConfigError
 
-    runs = []
-    for name in args.results:
-        try:
-            results = json.loads(Path(name).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read results file {name}: {exc}") from exc
-        runs.append((Path(name).stem if len(args.results) > 1 else "", results))
+    runs = [(results_stem(name).name if len(args.results) > 1 else "", read_results(name)) for name in args.results]
     if args.fronts:
         from verispec.bench.pareto import write_fronts
 
@@ -264,9 +257,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("report", help="render a bench results JSON: markdown table and speedup plot (PNG)")
-    p.add_argument("results", help="a results JSON written by `verispec bench` or `verispec compare`")
-    p.add_argument("--markdown", default=None, help="where to write the markdown (default: RESULTS.md)")
-    p.add_argument("--plot", default=None, help="where to write the plot (default: RESULTS_speedup.png)")
+    p.add_argument("results", help="a results JSON written by `verispec bench` or `verispec compare`, or its archive "
+                                   "(`verispec archive pack`)")
+    p.add_argument("--markdown", default=None,
+                   help="where to write the markdown (default: beside RESULTS, its name without .json[.gz] + .md)")
+    p.add_argument("--plot", default=None,
+                   help="where to write the plot (default: beside RESULTS, its name without .json[.gz] + _speedup.png)")
     p.add_argument("--profile", default=None,
                    help="a `verispec profile` JSON: add a section of modelled (not measured) times and speedups")
     p.add_argument("--peer-profile", default=None,
@@ -277,7 +273,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     from verispec.bench.pareto import QUALITY_AXES, SPEED_AXES
 
     p = sub.add_parser("pareto", help="plot speedup vs quality (PNG) from results of `verispec bench --quality`")
-    p.add_argument("results", nargs="+", help="results JSON files (e.g. one per SPRINTER threshold); labelled by name")
+    p.add_argument("results", nargs="+",
+                   help="results JSON files or their archives (e.g. one per SPRINTER threshold); labelled by name")
     p.add_argument("--y", default="rouge_l_vs_ar", choices=list(QUALITY_AXES),
                    help="quality axis (default: %(default)s)")
     p.add_argument("--x", default="speedup", choices=list(SPEED_AXES),

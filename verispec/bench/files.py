@@ -3,9 +3,11 @@ shape, so that a run stopped mid-write never leaves half a file and a wrong file
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -89,18 +91,33 @@ def check_results_shape(results: Any, source: str | Path, prompt_keys: tuple[str
     return results
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def read_results(path: str | Path, prompt_keys: tuple[str, ...] = (), aggregate: bool = False) -> dict[str, Any]:
-    """Return the results dict in the JSON file at `path`; raise ConfigError (one line) when it cannot be read, is
-    not JSON or has the wrong shape (`results_shape_problem`)."""
+    """Return the results dict in the JSON file at `path`, or in a `verispec archive` of one (gzipped; its records
+    carry their prompts' SHA-256 in place of the text, which tables and reports do not need); raise ConfigError (one
+    line) when it cannot be read, is not JSON or has the wrong shape (`results_shape_problem`)."""
     try:
-        text = Path(path).read_bytes()
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read results file {path}: {exc.strerror or exc}") from exc
     try:
-        results = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if data.startswith(GZIP_MAGIC):
+            data = gzip.decompress(data)
+        results = json.loads(data.decode("utf-8"))
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{path} is not a results file of `verispec bench`: {exc}") from exc
     return check_results_shape(results, path, prompt_keys, aggregate)
+
+
+def results_stem(path: str | Path) -> Path:
+    """`path` without its `.json` or `.json.gz` ending: where files derived from a results file go by default."""
+    path = Path(path)
+    for ending in (".json.gz", ".json"):
+        if path.name.endswith(ending) and len(path.name) > len(ending):
+            return path.with_name(path.name[: -len(ending)])
+    return path.with_suffix("")
 
 
 def shape_errors_named(source: str | Path, render: Callable[[], Any]) -> Any:

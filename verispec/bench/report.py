@@ -9,7 +9,7 @@ from typing import Any
 
 from verispec.bench.categories import render_by_category
 from verispec.bench.figures import save_figure
-from verispec.bench.files import read_results, shape_errors_named
+from verispec.bench.files import read_results, results_stem, shape_errors_named
 from verispec.bench.metrics import (
     TIME_PARTS,
     decode_split,
@@ -349,8 +349,9 @@ def _write_report(
     profile = HardwareProfile.load(profile_path) if profile_path is not None else None
     peer_profile = HardwareProfile.load(peer_profile_path) if peer_profile_path is not None else None
     markdown = render_markdown(results, profile, peer_profile)
-    markdown_path = Path(markdown_path) if markdown_path else results_path.with_suffix(".md")
-    plot_path = Path(plot_path) if plot_path else results_path.with_name(results_path.stem + "_speedup.png")
+    stem = results_stem(results_path)
+    markdown_path = Path(markdown_path) if markdown_path else stem.with_name(stem.name + ".md")
+    plot_path = Path(plot_path) if plot_path else stem.with_name(stem.name + "_speedup.png")
     plot_speedup(results, plot_path)
     link = f"\n![speedup]({plot_path.name})\n" if plot_path.parent.resolve() == markdown_path.parent.resolve() else ""
     rows = results["aggregate"]
