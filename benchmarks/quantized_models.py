@@ -24,6 +24,7 @@ import gc
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -64,6 +65,76 @@ def write_forward_times(args: argparse.Namespace, summary: dict, times: dict) ->
                            for s, sizes in per.items() for k, v in sizes.items()}}
     write_atomically(args.out, json.dumps(record, indent=1))
     print(f"wrote {args.out}")
+
+
+HOWS = ("min", "median")
+
+
+def settings_parser(description: str, reps: int, tokens: list[int]) -> argparse.ArgumentParser:
+    """The options of a script that times the default pair's forwards under several settings of one process."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--reps", type=int, default=reps, help="forwards per model, setting and size")
+    parser.add_argument("--context", type=int, default=128, help="cached tokens before each timed forward")
+    parser.add_argument("--tokens", type=int, nargs="+", default=tokens, help="forward sizes k")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="results JSON (written atomically)")
+    return parser
+
+
+def check_settings_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (as argparse does) sizes or counts that leave nothing to time, or no one-token forward to divide by."""
+    if args.reps < 1 or args.context < 1 or min(args.tokens) < 1 or 1 not in args.tokens:
+        parser.error("--reps and --context must be >= 1, and --tokens must include 1")
+
+
+def cached_context(models: dict[str, HFCausalLM], context: int, tokens: int) -> list[int]:
+    """Feed every model the same `context` random tokens (seeded) and return `tokens` more for the timed forwards."""
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(1000, 30000, (context,), generator=gen).tolist()
+    fresh = torch.randint(1000, 30000, (tokens,), generator=gen).tolist()
+    for model in models.values():
+        model.reset()
+        model.forward(prefix)
+    return fresh
+
+
+def time_settings(models: dict[str, HFCausalLM], settings: list[str], switch: Callable[[HFCausalLM, str], None],
+                  args: argparse.Namespace, fresh: list[int]) -> dict[str, dict[str, dict[int, list[float]]]]:
+    """Return {model: {setting: {k: [seconds]}}}: `args.reps` forwards of each size k in `args.tokens` per model and
+    setting, the settings in turn rep by rep (`switch(model, setting)` selects one), who goes first rotating, so
+    that load from other processes falls on all alike."""
+    times = {name: {s: {k: [] for k in args.tokens} for s in settings} for name in models}
+    for rep in range(args.reps):
+        for name, model in models.items():
+            for setting in settings[rep % len(settings):] + settings[: rep % len(settings)]:
+                switch(model, setting)
+                for k in args.tokens:
+                    times[name][setting][k].append(timed_forward(model, fresh[:k], k, args.context)[0])
+    return times
+
+
+def summarize_settings(times: dict[str, dict[str, dict[int, list[float]]]], base: str, tokens: list[int]) -> dict:
+    """Print and return, per model, setting and size k, the min and median ms per forward and their ratios to the
+    setting `base` (`{model}/{setting}/t({k})`), then per setting the target's f(k) = t(k) / t(1)
+    (`{setting}/f({k})/{how}`)."""
+    summary: dict = {}
+    settings = list(next(iter(times.values())))
+    width = max(map(len, settings))
+    for name in times:
+        for k in tokens:
+            for setting in settings:
+                row = {how: stat(times[name][setting][k], how) * 1e3 for how in HOWS}
+                row.update({f"vs_{base}_{how}": row[how] / (stat(times[name][base][k], how) * 1e3) for how in HOWS})
+                summary[f"{name}/{setting}/t({k})"] = row
+                print(f"{name:6s} {setting:{width}s} t({k:2d}) min {row['min']:7.2f} ms  median {row['median']:7.2f} "
+                      f"ms  x {base} {row[f'vs_{base}_min']:.3f} / {row[f'vs_{base}_median']:.3f}")
+    for setting in settings:
+        for how in HOWS:
+            one = stat(times["target"][setting][1], how)
+            f = {k: stat(times["target"][setting][k], how) / one for k in tokens if k > 1}
+            summary.update({f"{setting}/f({k})/{how}": v for k, v in f.items()})
+            print(f"target {setting:{width}s} {how:6s} " + "  ".join(f"f({k}) {v:.2f}" for k, v in f.items()))
+    return summary
 
 
 def time_backends(models: dict[str, HFCausalLM], role: str, ks: list[int], context: int, reps: int,

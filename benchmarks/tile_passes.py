@@ -12,7 +12,6 @@ On a CPU without AMX (or where the OS does not grant it) there is nothing to com
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -23,33 +22,29 @@ from verispec.models.int4 import extension
 from verispec.models.loading import load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quantized_models import stat, timed_forward, write_forward_times  # noqa: E402  (a sibling script: the same timing for every script)
+from quantized_models import (  # noqa: E402  (a sibling script: the same timing for every script)
+    cached_context,
+    check_settings_args,
+    settings_parser,
+    summarize_settings,
+    time_settings,
+    write_forward_times,
+)
 
 SETTINGS = {"vector": False, "tiles": True}
 EVERY_PASS = 2  # the tiles' threshold while measuring: every multi-token pass
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=40, help="forwards per model, setting and size")
-    parser.add_argument("--context", type=int, default=128, help="cached tokens before each timed forward")
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 5, 9, 13], help="forward sizes k")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=None, help="results JSON (written atomically)")
+    parser = settings_parser(__doc__.split("\n\n")[0], reps=40, tokens=[1, 5, 9, 13])
     args = parser.parse_args()
-    if args.reps < 1 or args.context < 1 or min(args.tokens) < 1 or 1 not in args.tokens:
-        parser.error("--reps and --context must be >= 1, and --tokens must include 1")
+    check_settings_args(parser, args)
     if not extension().amx():
         sys.exit("this CPU or OS gives no AMX tiles to the kernel: the vector path is the only one here")
     torch.set_num_threads(args.threads)
     models = {"target": load_model(None, "target", linear_backend="int4"),
               "draft": load_model(None, "draft", linear_backend="int4-rounded")}
-    gen = torch.Generator().manual_seed(0)
-    prefix = torch.randint(1000, 30000, (args.context,), generator=gen).tolist()
-    fresh = torch.randint(1000, 30000, (max(args.tokens),), generator=gen).tolist()
-    for model in models.values():
-        model.reset()
-        model.forward(prefix)
+    fresh = cached_context(models, args.context, max(args.tokens))
     for name, model in models.items():  # the same bits either way, or the comparison is void
         for k in args.tokens:
             logits = []
@@ -59,33 +54,10 @@ def main() -> None:
                 logits.append(model.forward(fresh[:k], n_logits=k).logits.clone())
             if not torch.equal(*logits):
                 sys.exit(f"the {name}'s {k}-token logits differ between the vector path and the tiles")
-    times = {name: {s: {k: [] for k in args.tokens} for s in SETTINGS} for name in models}
-    order = list(SETTINGS)
-    for rep in range(args.reps):
-        for name, model in models.items():
-            for setting in order[rep % 2:] + order[: rep % 2]:  # alternate who goes first
-                set_amx_tiles(SETTINGS[setting], EVERY_PASS)
-                for k in args.tokens:
-                    times[name][setting][k].append(timed_forward(model, fresh[:k], k, args.context)[0])
+    times = time_settings(models, list(SETTINGS), lambda model, setting: set_amx_tiles(SETTINGS[setting], EVERY_PASS),
+                          args, fresh)
     set_amx_tiles(True)
-
-    summary: dict = {}
-    for name in models:
-        for k in args.tokens:
-            for setting in SETTINGS:
-                row = {how: stat(times[name][setting][k], how) * 1e3 for how in ("min", "median")}
-                base = {how: stat(times[name]["vector"][k], how) * 1e3 for how in ("min", "median")}
-                row.update({f"vs_vector_{how}": row[how] / base[how] for how in ("min", "median")})
-                summary[f"{name}/{setting}/t({k})"] = row
-                print(f"{name:6s} {setting:6s} t({k:2d}) min {row['min']:7.2f} ms  median {row['median']:7.2f} ms  "
-                      f"x vector {row['vs_vector_min']:.3f} / {row['vs_vector_median']:.3f}")
-    for setting in SETTINGS:
-        for how in ("min", "median"):
-            one = stat(times["target"][setting][1], how)
-            f = {k: stat(times["target"][setting][k], how) / one for k in args.tokens if k > 1}
-            summary.update({f"{setting}/f({k})/{how}": v for k, v in f.items()})
-            print(f"target {setting:6s} {how:6s} " + "  ".join(f"f({k}) {v:.2f}" for k, v in f.items()))
-    write_forward_times(args, summary, times)
+    write_forward_times(args, summarize_settings(times, "vector", args.tokens), times)
 
 
 if __name__ == "__main__":
