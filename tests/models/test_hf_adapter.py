@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from tests.device import on_test_device
+from tests.models.protocol_cases import fresh_logits, rollback_case, tree_case
 from verispec.models.hf import HFCausalLM
 from verispec.models.tabular import TabularLM
 from verispec.models.tiny import tiny_qwen2, tiny_tokenizer
@@ -13,11 +14,6 @@ from verispec.models.tiny import tiny_qwen2, tiny_tokenizer
 def tiny_model(seed: int = 1) -> HFCausalLM:
     tokenizer = tiny_tokenizer()
     return HFCausalLM(on_test_device(tiny_qwen2(len(tokenizer), seed=seed)), tokenizer)
-
-
-def fresh_logits(model: HFCausalLM, tokens: list[int], n: int) -> torch.Tensor:
-    model.reset()
-    return model.forward(tokens, n_logits=n).logits
 
 
 def test_incremental_forward_matches_a_fresh_forward():
@@ -30,20 +26,9 @@ def test_incremental_forward_matches_a_fresh_forward():
 
 
 def test_rollback_is_exact():
-    model = tiny_model()
-    a, b, c = [5, 6, 7, 8, 9, 10], [20, 21, 22, 23, 24], [31, 32, 33]
-    model.forward(a)
-    model.forward(b, n_logits=5)
-    model.truncate(len(a) + 2)  # drop b[2:]
-    assert model.cache_length == len(a) + 2
-    after_rollback = model.forward(c, n_logits=3).logits
-    expected = fresh_logits(model, a + b[:2] + c, 3)
+    after_rollback, expected, stale = rollback_case(tiny_model())
     torch.testing.assert_close(after_rollback, expected, rtol=0, atol=1e-6)
-    # A rollback that is not undone would leave b's keys in the cache and change these logits.
-    model.reset()
-    model.forward(a + b)
-    stale = model.forward(c, n_logits=3).logits
-    assert (stale - expected).abs().max() > 1e-3
+    assert (stale - expected).abs().max() > 1e-3  # a rollback not undone would leave b's keys and show here
 
 
 def test_truncate_beyond_the_cache_is_a_no_op():
@@ -77,25 +62,8 @@ def test_tabular_model_rollback_and_logits():
 
 
 def test_tree_attention_logits_equal_plain_forwards_over_each_path():
-    model = tiny_model()
-    prefix = [5, 9, 13, 2, 7]
-    # Tree after the prefix: 20 -> 21 -> 22, 20 -> 23, 24 (a second root child), 24 -> 25.
-    nodes = [20, 21, 22, 23, 24, 25]
-    parent_node = [-1, 0, 1, 0, -1, 4]  # index into nodes; -1 = the last prefix token
-    model.forward(prefix[:3])
-    uncached = prefix[3:]
-    base = model.cache_length
-    parents = list(range(base - 1, base + len(uncached) - 1))
-    last_prefix_position = base + len(uncached) - 1
-    parents += [last_prefix_position if j < 0 else last_prefix_position + 1 + j for j in parent_node]
-    tree_logits = model.forward(uncached + nodes, n_logits=len(nodes) + 1, parents=parents).logits
-    for row, node in enumerate([None, *range(len(nodes))]):
-        path, j = [], node
-        while j is not None and j >= 0:
-            path.insert(0, nodes[j])
-            j = parent_node[j]
-        expected = fresh_logits(tiny_model(), prefix + path, 1)[0]
-        torch.testing.assert_close(tree_logits[row], expected, rtol=0, atol=1e-9)
+    for row, expected in tree_case(tiny_model(), tiny_model, [5, 9, 13, 2, 7], cached=3):
+        torch.testing.assert_close(row, expected, rtol=0, atol=1e-9)
 
 
 def test_keeping_one_tree_path_leaves_an_exact_cache():

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.models.test_hf_adapter import fresh_logits
+from tests.models.protocol_cases import fresh_logits, rollback_case, tree_case
 from verispec.engine import DecodeConfig, Engine, path_rows, tree_pass
 from verispec.models import int4
 from verispec.models.fastpath import apply_linear_backend
@@ -214,21 +214,10 @@ def test_a_prefix_logits_do_not_depend_on_later_tokens_in_the_batch():
 
 
 def test_rollback_and_tree_attention_are_exact():
-    model = grid_model()
-    a, b, c = [5, 6, 7, 8, 9, 10], [20, 21, 22, 23, 24], [31, 32, 33]
-    model.forward(a)
-    model.forward(b, n_logits=5)
-    model.truncate(len(a) + 2)
-    after_rollback = model.forward(c, n_logits=3).logits
-    assert torch.equal(after_rollback, fresh_logits(model, a + b[:2] + c, 3))
-    prefix, nodes, parent_node = [5, 9, 13, 2, 7], [20, 21, 22, 23], [-1, 0, -1, 2]
-    model.reset()
-    model.forward(prefix)
-    last = model.cache_length - 1
-    parents = [last if j < 0 else last + 1 + j for j in parent_node]
-    tree = model.forward(nodes, n_logits=len(nodes), parents=parents).logits
-    for row, path in enumerate([[20], [20, 21], [22], [22, 23]]):
-        assert torch.equal(tree[row], fresh_logits(model, prefix + path, 1)[0])
+    after_rollback, expected, stale = rollback_case(grid_model())
+    assert torch.equal(after_rollback, expected) and not torch.equal(stale, expected)
+    for row, plain in tree_case(grid_model(), grid_model, [5, 9, 13, 2, 7], cached=4):
+        assert torch.equal(row, plain)
 
 
 def test_on_4bit_weights_the_backend_is_nearer_the_float_model_than_int8_and_says_what_ran():

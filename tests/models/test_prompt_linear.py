@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.models.test_hf_adapter import fresh_logits
+from tests.models.protocol_cases import fresh_logits
 from tests.models.test_int4 import grid_model, on_grid, planted_grid
 from verispec.errors import ConfigError
 from verispec.models import prompt_linear

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.models.test_hf_adapter import fresh_logits
+from tests.models.protocol_cases import fresh_logits, rollback_case, tree_case
 from verispec.engine import DecodeConfig, Engine
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.hf import HFCausalLM
@@ -129,32 +129,14 @@ def test_the_backend_is_close_to_float32():
 
 
 def test_rollback_is_exact():
-    model = int8_model()
-    a, b, c = [5, 6, 7, 8, 9, 10], [20, 21, 22, 23, 24], [31, 32, 33]
-    model.forward(a)
-    model.forward(b, n_logits=5)
-    model.truncate(len(a) + 2)
-    after_rollback = model.forward(c, n_logits=3).logits
-    expected = fresh_logits(model, a + b[:2] + c, 3)
+    after_rollback, expected, stale = rollback_case(int8_model())
     torch.testing.assert_close(after_rollback, expected, rtol=0, atol=ATOL)
-    model.reset()
-    model.forward(a + b)
-    assert (model.forward(c, n_logits=3).logits - expected).abs().max() > 1e-3  # a stale cache would show
+    assert (stale - expected).abs().max() > 1e-3  # a stale cache would show
 
 
 def test_tree_attention_equals_plain_forwards_over_each_path():
-    model = int8_model()
-    prefix, nodes, parent_node = [5, 9, 13, 2, 7], [20, 21, 22, 23, 24, 25], [-1, 0, 1, 0, -1, 4]
-    model.forward(prefix)
-    last = model.cache_length - 1
-    parents = [last if j < 0 else last + 1 + j for j in parent_node]
-    tree = model.forward(nodes, n_logits=len(nodes), parents=parents).logits
-    for row in range(len(nodes)):
-        path, j = [], row
-        while j >= 0:
-            path.insert(0, nodes[j])
-            j = parent_node[j]
-        torch.testing.assert_close(tree[row], fresh_logits(int8_model(), prefix + path, 1)[0], rtol=0, atol=ATOL)
+    for row, expected in tree_case(int8_model(), int8_model, [5, 9, 13, 2, 7], cached=4):
+        torch.testing.assert_close(row, expected, rtol=0, atol=ATOL)
 
 
 def test_a_tied_lm_head_gets_its_own_int8_copy_and_the_embedding_stays_float():

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.models.test_hf_adapter import fresh_logits
+from tests.models.protocol_cases import fresh_logits
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.hf import HFCausalLM
 from verispec.models.quantized import quantized_engine
