@@ -200,3 +200,17 @@ def test_the_speed_axis_can_be_the_time_per_answer():
                                                                       "answer_speedup")
     with pytest.raises(ConfigError, match="speed axis"):
         pareto_points([("", results)], "nll_per_token", x="tokens")
+
+
+def test_a_report_with_its_plot_elsewhere_writes_nothing_beside_the_results(tmp_path):
+    from verispec.bench.archive import write_archive
+
+    results = _results()
+    results["records"] = [{**record, "prompt": "x"} for record in results["records"]]
+    kept = tmp_path / "kept"
+    write_archive(results, kept / "lossy.json.gz")
+    out = tmp_path / "out"
+    _, md_path, plot_path = write_report(kept / "lossy.json.gz", out / "lossy.md", out / "lossy.png")
+    assert sorted(p.name for p in kept.iterdir()) == ["lossy.json.gz"]
+    assert (out / "lossy_pareto.png").read_bytes()[:8] == PNG
+    assert "![speed vs quality](lossy_pareto.png)" in md_path.read_text() and plot_path == out / "lossy.png"

@@ -324,9 +324,10 @@ def write_report(
     results_path: str | Path, markdown_path: str | Path | None = None, plot_path: str | Path | None = None,
     profile_path: str | Path | None = None, peer_profile_path: str | Path | None = None,
 ) -> tuple[str, Path, Path]:
-    """Render `results_path`; write the markdown (default: beside it, .md) and the plot (default: _speedup.png);
-    with quality scores also RESULTS_pareto.png beside the results: speedup against ROUGE-L vs ar at temperature 0,
-    against the target's NLL per token otherwise (or when `ar` did not run).
+    """Render `results_path` (a results file or its archive); write the markdown (default: beside it, its name
+    without .json[.gz] + .md) and the plot (default: that name + _speedup.png); with quality scores also
+    that name + _pareto.png beside the plot: speedup against ROUGE-L vs ar at temperature 0, against the target's NLL
+    per token otherwise (or when `ar` did not run).
     With `profile_path` (a `verispec profile` JSON) the markdown gets a section of modelled times; the peers are
     priced with `peer_profile_path` when given.
 
@@ -358,10 +359,10 @@ def _write_report(
     # At temperature > 0 two samples of the same law differ, so ROUGE-L vs one ar sample says little: plot NLL.
     order = ("rouge_l_vs_ar", "nll_per_token") if results["config"].get("temperature") == 0 else ("nll_per_token",)
     y = next((k for k in order if any(r.get(k) is not None and r.get("speedup") is not None for r in rows)), None)
-    if y is not None:  # a quality run: the speed-quality plot too, beside the results
+    if y is not None:  # a quality run: the speed-quality plot too, beside the speedup plot
         from verispec.bench.pareto import plot_pareto
 
-        pareto = plot_pareto(results, results_path.with_name(results_path.stem + "_pareto.png"), y=y)
+        pareto = plot_pareto(results, plot_path.with_name(stem.name + "_pareto.png"), y=y)
         if pareto.parent.resolve() == markdown_path.parent.resolve():
             link += f"\n![speed vs quality]({pareto.name})\n"
     markdown_path.parent.mkdir(parents=True, exist_ok=True)
