@@ -22,8 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quantized_models import (  # noqa: E402  (a sibling script: the same timing for every script)
     HOWS,
     cached_context,
-    check_settings_args,
-    settings_parser,
+    settings_args,
     stat,
     summarize_settings,
     time_settings,
@@ -39,9 +38,7 @@ def set_loop(model, setting: str) -> None:
 
 
 def main() -> None:
-    parser = settings_parser(__doc__.split("\n\n")[0], reps=60, tokens=[1, 5])
-    args = parser.parse_args()
-    check_settings_args(parser, args)
+    args = settings_args(__doc__.split("\n\n")[0], reps=60, tokens=[1, 5])
     torch.set_num_threads(args.threads)
     models = {"target": load_model(None, "target", linear_backend="int4"),
               "draft": load_model(None, "draft", linear_backend="int4-rounded")}

@@ -70,21 +70,19 @@ def write_forward_times(args: argparse.Namespace, summary: dict, times: dict) ->
 HOWS = ("min", "median")
 
 
-def settings_parser(description: str, reps: int, tokens: list[int]) -> argparse.ArgumentParser:
-    """The options of a script that times the default pair's forwards under several settings of one process."""
+def settings_args(description: str, reps: int, tokens: list[int]) -> argparse.Namespace:
+    """Parse the options of a script that times the default pair's forwards under several settings of one process;
+    refuse (as argparse does) counts or sizes that leave nothing to time, or no one-token forward to divide by."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--reps", type=int, default=reps, help="forwards per model, setting and size")
     parser.add_argument("--context", type=int, default=128, help="cached tokens before each timed forward")
     parser.add_argument("--tokens", type=int, nargs="+", default=tokens, help="forward sizes k")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="results JSON (written atomically)")
-    return parser
-
-
-def check_settings_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse (as argparse does) sizes or counts that leave nothing to time, or no one-token forward to divide by."""
+    args = parser.parse_args()
     if args.reps < 1 or args.context < 1 or min(args.tokens) < 1 or 1 not in args.tokens:
         parser.error("--reps and --context must be >= 1, and --tokens must include 1")
+    return args
 
 
 def cached_context(models: dict[str, HFCausalLM], context: int, tokens: int) -> list[int]:

@@ -24,8 +24,7 @@ from verispec.models.loading import load_model
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quantized_models import (  # noqa: E402  (a sibling script: the same timing for every script)
     cached_context,
-    check_settings_args,
-    settings_parser,
+    settings_args,
     summarize_settings,
     time_settings,
     write_forward_times,
@@ -36,9 +35,7 @@ EVERY_PASS = 2  # the tiles' threshold while measuring: every multi-token pass
 
 
 def main() -> None:
-    parser = settings_parser(__doc__.split("\n\n")[0], reps=40, tokens=[1, 5, 9, 13])
-    args = parser.parse_args()
-    check_settings_args(parser, args)
+    args = settings_args(__doc__.split("\n\n")[0], reps=40, tokens=[1, 5, 9, 13])
     if not extension().amx():
         sys.exit("this CPU or OS gives no AMX tiles to the kernel: the vector path is the only one here")
     torch.set_num_threads(args.threads)
