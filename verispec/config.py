@@ -12,7 +12,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from verispec.drafters import check_draft_confidence, check_drafter_settings
+from verispec.drafters import (
+    check_adaptive_gamma,
+    check_draft_confidence,
+    check_drafter_settings,
+    default_adaptive_gamma,
+    default_drafter,
+)
 from verispec.drafters.hybrid import HYBRID_CATCHUP
 from verispec.errors import ConfigError
 from verispec.methods import get_method
@@ -36,7 +42,8 @@ class DecodeConfig:
     paths: int | None = None  # K i.i.d. draft paths per round; None = 1, or MULTIPATH_PATHS for multi-path methods
     cap: int = 20  # SPRINTER: the longest draft run before the target is called (§3.1)
     tau: float | None = None  # SPRINTER: the verifier's acceptance threshold; None = the one stored in its file
-    drafter: str = "model"  # a name in verispec.drafters.DRAFTERS: model | ngram | hybrid
+    # a name in verispec.drafters.DRAFTERS: model | ngram | hybrid; None = the method's default (`default_drafter`)
+    drafter: str | None = None
     ngram_min: int = 2  # prompt lookup: the shortest suffix of the context looked up
     ngram_max: int = 4  # prompt lookup: the longest suffix looked up (the longest match wins)
     # prompt lookup: the most tokens a lookup round drafts; None = gamma. Lookup tokens cost no draft forward, so
@@ -47,6 +54,9 @@ class DecodeConfig:
     draft_vocab: int | None = None  # N: the draft model's head covers only the N most frequent tokens; None = all
     # h: drafting stops after a token the draft drew with probability q(x) < h (single path, T > 0); None = never
     draft_confidence: float | None = None
+    # the draft model's length per round chosen from its recent acceptance and a round's cost, up to gamma
+    # (verispec.drafters.adaptive); None = the method's default (`default_adaptive_gamma`)
+    adaptive_gamma: bool | None = None
     # Lossy relaxed-acceptance rules (verify/relaxed.py, docs/algorithms.md §6.2); defaults are deployed settings.
     typical_epsilon: float = RelaxedKnobs.typical_epsilon  # typical: keep x when p̃(x) > min(ε, δ·e^{−H(p̃)})
     typical_delta: float = RelaxedKnobs.typical_delta  # typical: δ (inf: the threshold is ε alone)
@@ -62,6 +72,10 @@ class DecodeConfig:
             raise ConfigError(f"gamma (draft length) must be an integer >= 1, got {self.gamma!r}")
         if self.paths is None:
             object.__setattr__(self, "paths", MULTIPATH_PATHS if method.multipath else 1)  # frozen: set once here
+        if self.drafter is None:
+            object.__setattr__(self, "drafter", default_drafter(method))
+        if self.adaptive_gamma is None:
+            object.__setattr__(self, "adaptive_gamma", default_adaptive_gamma(method))
         if not isinstance(self.paths, int) or isinstance(self.paths, bool) or self.paths < 1:
             raise ConfigError(f"paths (K) must be an integer >= 1, got {self.paths!r}")
         if self.paths > 1 and not method.multipath:
@@ -85,6 +99,7 @@ class DecodeConfig:
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
         check_drafter_settings(self, method)
         check_draft_confidence(self, method)
+        check_adaptive_gamma(self, method)
 
     def relaxed_knobs(self) -> RelaxedKnobs:
         """Return the lossy rules' knobs (validated; ConfigError names a knob out of range)."""
@@ -103,8 +118,14 @@ class DecodeConfig:
         if sampled:
             sampling = settings.get("sampling", self.sampling)
             settings["sampling"] = dataclasses.replace(sampling, **sampled)
-        if settings.get("method", self.method) != self.method and "paths" not in settings:
-            settings["paths"] = None  # this K was the old method's; None resolves the new method's default
+        if settings.get("method", self.method) != self.method:
+            settings.setdefault("paths", None)  # this K was the old method's; None resolves the new method's default
+            # a drafter or length rule that was the old method's default becomes the new method's default
+            old = get_method(self.method)
+            if self.drafter == default_drafter(old):
+                settings.setdefault("drafter", None)
+            if self.adaptive_gamma == default_adaptive_gamma(old):
+                settings.setdefault("adaptive_gamma", None)
         return dataclasses.replace(self, **settings) if settings else self
 
 

@@ -26,6 +26,7 @@ import torch
 from verispec.config import MULTIPATH_PATHS, DecodeConfig
 from verispec.diagnostics import RoundObserver, SprinterDiagnostics, record_relaxed
 from verispec.drafters import DraftRequest, make_drafter, round_length, uses_draft_model
+from verispec.drafters.adaptive import AdaptiveGamma
 from verispec.drafters.confidence import ConfidenceStop
 from verispec.drafting import DraftBlock, PrefixTree, StopRule, merge_paths
 from verispec.errors import ConfigError
@@ -119,6 +120,7 @@ class Engine:
         elif config.draft_confidence is not None:
             stop_rule = ConfidenceStop(config.draft_confidence)
         generator = torch.Generator().manual_seed(config.seed)
+        lengths = AdaptiveGamma(config.gamma) if config.adaptive_gamma and draft_model is not None else None
         trace = Trace(prefill_tokens=len(prompt_ids))
         decoder_is_draft = method.decoder == "draft"
         knobs = config.relaxed_knobs() if method.relaxed else None  # validated once, read every round
@@ -138,9 +140,10 @@ class Engine:
 
             # 1. Draft: up to K paths of up to gamma tokens, with the q each token was drawn from.
             t0 = time.perf_counter()
+            model_gamma = lengths.next() if lengths is not None else None
             block = drafter.propose(DraftRequest(
                 tokens, config.paths, gamma, config.sampling, generator, self.eos_token_ids, decoder.vocab_size,
-                stop_rule, remaining=remaining,
+                stop_rule, remaining=remaining, model_gamma=model_gamma,
             ))
             t1 = time.perf_counter()
             trace.draft_calls += block.forwards
@@ -174,9 +177,12 @@ class Engine:
                     break
             emitted = emitted[:remaining]
             tokens.extend(emitted)
+            if lengths is not None:
+                lengths.observe(block.drafter, block.length, result.accepted)
             round_trace = RoundTrace(
                 block.length, result.accepted, len(emitted), scored.fed, t1 - t0, t2 - t1, t3 - t2,
                 paths=len(block.tokens), tree_nodes=len(scored.tree.tokens), drafter=block.drafter,
+                model_gamma=model_gamma,
             )
             if method.relaxed:
                 record_relaxed(round_trace, block, scored.p, result.accepted, leaks)

@@ -52,7 +52,11 @@ def add_decode_options(parser: argparse.ArgumentParser) -> None:
     from verispec.drafters import DRAFTERS
 
     parser.add_argument("--drafter", default=DecodeConfig.drafter,
-                        help=f"what proposes the draft: {', '.join(DRAFTERS)} (default: {DecodeConfig.drafter})")
+                        help=f"what proposes the draft: {', '.join(DRAFTERS)} (default: hybrid for sd and bv, model "
+                             f"for the other methods)")
+    parser.add_argument("--adaptive-gamma", action=argparse.BooleanOptionalAction, default=DecodeConfig.adaptive_gamma,
+                        help="sd, bv: the draft model drafts 0..gamma tokens per round, as many as its recent "
+                             "acceptance makes pay (lossless; see docs/algorithms.md §1.4)")
     parser.add_argument("--ngram-min", type=int, default=DecodeConfig.ngram_min,
                         help="prompt lookup (ngram, hybrid): the shortest context suffix looked up")
     parser.add_argument("--ngram-max", type=int, default=DecodeConfig.ngram_max,

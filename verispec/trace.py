@@ -19,6 +19,7 @@ class RoundTrace:
     paths: int = 1  # K draft paths (multi-path methods)
     tree_nodes: int = 0  # distinct draft tokens in the tree the decoding pass verified (= drafted when K = 1)
     drafter: str = "model"  # which drafter proposed the block: model | ngram ("none": nothing was drafted)
+    model_gamma: int | None = None  # the draft model's length chosen for this round by the adaptive rule (None: off)
     verifier_scores: list[float] = field(default_factory=list)  # SPRINTER: learned-verifier score of each token
     verifier_accepts: list[bool] = field(default_factory=list)  # SPRINTER: its decision on each token
     acceptable: list[bool] = field(default_factory=list)  # SPRINTER: q(x) ≤ p(x) for each token (from the target)

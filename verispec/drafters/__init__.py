@@ -23,13 +23,42 @@ from verispec.errors import ConfigError
 from verispec.models.protocol import CausalLM
 
 __all__ = ["DRAFTERS", "Drafter", "DraftRequest", "HybridDrafter", "ModelDrafter", "NgramDrafter", "NgramIndex",
-           "check_drafter_settings", "make_drafter", "round_length", "uses_draft_model"]
+           "check_adaptive_gamma", "check_drafter_settings", "default_adaptive_gamma", "default_drafter",
+           "make_drafter", "round_length", "takes_adaptive_gamma", "uses_draft_model"]
 
 DRAFTERS: dict[str, str] = {
     "model": "K i.i.d. paths sampled from the draft model",
     "ngram": "prompt lookup: what followed the longest earlier match of the context's suffix (point-mass q)",
     "hybrid": "prompt lookup where the context has a match, the draft model elsewhere",
 }
+
+
+def default_drafter(method: Any) -> str:
+    """Return the drafter a decode with `method` (a `verispec.methods.Method`) uses when none is named: `hybrid` for
+    the single-path lossless rules (sd, bv: on the int4 path it was the fastest drafter on every prompt set measured,
+    BENCHMARKS.md summary), `model` for every other method (multi-path rules draw i.i.d. paths; SPRINTER and the
+    lossy rules are defined and measured on the draft model's own tokens)."""
+    return "hybrid" if takes_adaptive_gamma(method) else "model"
+
+
+def takes_adaptive_gamma(method: Any) -> bool:
+    """Return whether `method` can choose its draft length per round (`verispec.drafters.adaptive`): the single-path
+    lossless speculative rules without a learned stop."""
+    return method.speculative and method.lossless and not method.multipath and not method.learned_stop
+
+
+def default_adaptive_gamma(method: Any) -> bool:
+    """Return whether a decode with `method` chooses its draft length per round when the settings do not say."""
+    return False
+
+
+def check_adaptive_gamma(config: Any, method: Any) -> None:
+    """Raise ConfigError when `config.adaptive_gamma` (a DecodeConfig's) is not a bool or `method` cannot take it."""
+    if not isinstance(config.adaptive_gamma, bool):
+        raise ConfigError(f"adaptive_gamma must be true or false, got {config.adaptive_gamma!r}")
+    if config.adaptive_gamma and not takes_adaptive_gamma(method):
+        raise ConfigError(f"adaptive_gamma chooses a single draft path's length per round; method {method.name!r} "
+                          f"takes no such length (use sd or bv)")
 
 
 def uses_draft_model(drafter: str) -> bool:

@@ -30,6 +30,14 @@ class DraftRequest:
     stop_rule: StopRule | None = None  # SPRINTER's learned verifier (model drafter only)
     keep_hidden: bool = False  # keep the draft model's hidden state behind each q (`DraftBlock.hiddens`; one path)
     remaining: int | None = None  # tokens the decode may still emit (None: not bounded); the hybrid's catch-up rule
+    # the most tokens the draft model may draft this round (≤ gamma; None: gamma), set by an adaptive length rule
+    # (`verispec.drafters.adaptive`); lookup rounds cost no draft forward and keep `gamma`
+    model_gamma: int | None = None
+
+    @property
+    def model_length(self) -> int:
+        """Return the most tokens the draft model may draft this round."""
+        return self.gamma if self.model_gamma is None else min(self.gamma, self.model_gamma)
 
 
 def round_length(length: int, remaining: int | None) -> int:

@@ -16,10 +16,11 @@ class ModelDrafter:
         self.model = model
 
     def propose(self, request: DraftRequest) -> DraftBlock:
-        """Return `request.n_paths` i.i.d. paths of up to `request.gamma` tokens with their q."""
-        if self.model is None or request.gamma == 0:
+        """Return `request.n_paths` i.i.d. paths of up to `request.model_length` tokens with their q."""
+        gamma = request.model_length
+        if self.model is None or gamma == 0:
             return empty_block(request.n_paths, request.vocab_size)
         return draft_paths(
-            self.model, request.tokens, request.n_paths, request.gamma, request.sampling, request.generator,
+            self.model, request.tokens, request.n_paths, gamma, request.sampling, request.generator,
             request.eos_token_ids, request.vocab_size, request.stop_rule, request.keep_hidden,
         )
