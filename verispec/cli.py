@@ -77,7 +77,7 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Run methods side by side on the built-in prompts; print a table and write the results JSON."""
-    from verispec.bench.compare import CompareConfig, format_table, run_compare
+    from verispec.bench.compare import CompareConfig, bench_config, format_table, run_compare
 
     config = CompareConfig(
         methods=args.methods, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -89,13 +89,44 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from verispec.bench.datasets import read_source
 
         config.prompts = [prompt.text for prompt in read_source(args.prompts)]
-    result = run_compare(config, Path(args.out))
+    decoder, seconds = load_pair(args)
+    print(f"loaded the target and the draft in {seconds:.1f} s", file=sys.stderr)
+    result = run_compare(config, Path(args.out), decoder=decoder)
     machine = result["machine"]
-    print(f"\n{len(config.prompts)} prompts x {config.max_new_tokens} new tokens, gamma={config.gamma}, "
-          f"temperature={config.temperature}, {config.dtype}, {machine['cpu_threads']} threads ({machine['platform']})")
+    print(f"\n{len(config.prompts)} prompts x {config.max_new_tokens} new tokens, temperature={config.temperature}, "
+          f"{machine['cpu_threads']} threads ({machine['platform']}); each method warmed up, then timed")
+    for method in config.methods:
+        print(f"  {method}: {describe_method(bench_config(config).decode_config(0, label=method))}")
+    for role, kernel in decoder.linear_kernels().items():
+        print(f"  {role}: {kernel}")
     print(format_table(result["aggregate"]))
     print(f"\nresults: {args.out}")
     return 0
+
+
+def load_pair(args: argparse.Namespace):  # noqa: ANN201 (a Decoder: imported lazily)
+    """Return the Decoder the model options of `args` describe with both models loaded, and the seconds loading
+    took (apart from any timed decode)."""
+    import time
+
+    from verispec.api import Decoder
+
+    start = time.perf_counter()
+    decoder = Decoder(args.target, args.draft, dtype=args.dtype, linear_backend=args.linear_backend,
+                      draft_dtype=args.draft_dtype, draft_linear_backend=args.draft_linear_backend)
+    decoder.model("target")
+    decoder.model("draft")
+    return decoder, time.perf_counter() - start
+
+
+def describe_method(config) -> str:  # noqa: ANN001 (a DecodeConfig)
+    """Return what a decode with `config` runs: its drafter and draft length (nothing for non-speculative methods)."""
+    from verispec.methods import get_method
+
+    if not get_method(config.method).speculative:
+        return "no draft"
+    length = f"gamma chosen per round up to {config.gamma}" if config.adaptive_gamma else f"gamma={config.gamma}"
+    return f"drafter={config.drafter}, {length}"
 
 
 class _Parser(argparse.ArgumentParser):

@@ -140,7 +140,8 @@ def test_compare_is_a_preset_with_its_old_table(decoder, tmp_path):
     from verispec.bench.compare import format_table
 
     table = format_table(result["aggregate"])
-    assert table.splitlines()[0] == "| method | tokens | tokens/s | speedup | acceptance | tokens/target call |"
+    assert table.splitlines()[0] == ("| method | tokens | tokens/s | ms/token | speedup | acceptance | "
+                                     "tokens/target call |")
     assert table.splitlines()[2].startswith("| ar | ") and "1.00x" in table.splitlines()[2]
 
 

@@ -41,7 +41,9 @@ class CompareConfig:
     draft_dtype: str | None = None  # the draft's, when it differs (None: dtype)
     linear_backend: str = DEFAULT_LINEAR_BACKEND  # CPU linears (verispec.models.fastpath)
     draft_linear_backend: str | None = None  # the draft's, when it differs (None: fastpath.draft_backend_for)
-    warmup_tokens: int = 4  # per method, one excluded decode of this many tokens first
+    # per method, one excluded decode of this many tokens first: it runs every kernel and cache size a timed decode
+    # meets early on, so that no first-use cost (page faults, allocations) lands in the first timed prompt
+    warmup_tokens: int = 16
 
 
 def bench_config(config: CompareConfig) -> BenchConfig:

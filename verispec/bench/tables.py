@@ -45,6 +45,7 @@ COMPACT_COLUMNS: list[Column] = [
     ("method", lambda r: str(r["method"])),
     ("tokens", lambda r: str(r["tokens"])),
     value_column("tokens/s", "tokens_per_second", ".2f"),
+    ("ms/token", lambda r: fmt(r.get("seconds_per_token") and 1000 * r["seconds_per_token"], ".1f")),
     value_column("speedup", "speedup", ".2f", "x"),
     value_column("acceptance", "acceptance_rate", ".3f"),
     value_column("tokens/target call", "tokens_per_target_call", ".2f"),
