@@ -106,6 +106,10 @@ class Decoder:
                 check_compatible(self._models["target"], self._models["draft"])
         return self._models[role]
 
+    def loaded_models(self) -> dict[str, HFCausalLM]:
+        """Return the models loaded so far, by role ("target", "draft")."""
+        return dict(self._models)
+
     def linear_kernels(self) -> dict[str, str]:
         """Return, per loaded model ("target", "draft"), which linear kernels and weight types it runs (and, for a
         transformers model, which decoder loop)."""

@@ -82,3 +82,18 @@ def test_counters_move_by_exactly_what_the_requests_did(server):
 def test_gauges_are_zero_when_idle(server):
     samples = scrape(server)
     assert samples[("verispec_queue_length", ())] == 0 and samples[("verispec_requests_running", ())] == 0
+
+
+def test_the_models_kernels_and_rounds_are_labelled(server):
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+    before = scrape(server)
+    r = client.chat.completions.create(model="verispec", messages=[{"role": "user", "content": "hello there"}],
+                                       max_tokens=9, extra_body={"verispec": {"method": "sd", "gamma": 3}})
+    delta = moved(before, scrape(server))
+    rounds = {dict(labels)["drafter"]: value for (name, labels), value in delta.items()
+              if name == "verispec_rounds_total"}
+    assert sum(rounds.values()) == r.verispec["target_calls"]  # one target pass per round
+    assert all(dict(labels)["gamma"] == "3" for (name, labels) in delta if name == "verispec_rounds_total")
+    info = {dict(labels)["role"]: dict(labels) for (name, labels), value in scrape(server).items()
+            if name == "verispec_model_info" and value == 1}
+    assert set(info) == {"target", "draft"} and all(labels["kernel"] for labels in info.values())

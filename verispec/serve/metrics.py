@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from verispec.trace import Trace
@@ -28,6 +30,11 @@ class ServerMetrics:
                                registry=r)
         self.accepted = Counter("verispec_accepted_tokens", "draft tokens accepted by the verifier", ["method"],
                                 registry=r)
+        self.rounds = Counter("verispec_rounds", "decode rounds, by method, the drafter that proposed the block "
+                              "(none: a plain step) and the most tokens the round could draft", ["method", "drafter",
+                                                                                                 "gamma"], registry=r)
+        self.model_info = Gauge("verispec_model_info", "1 per loaded model: its role, linear backend and kernels",
+                                ["role", "linear_backend", "kernel"], registry=r)
         self.queue_length = Gauge("verispec_queue_length", "requests waiting for the engine", registry=r)
         self.running = Gauge("verispec_requests_running", "requests being generated", registry=r)
         self.ttft = Histogram("verispec_time_to_first_token_seconds", "request arrival to its first committed token",
@@ -38,8 +45,19 @@ class ServerMetrics:
         self.latency = Histogram("verispec_request_latency_seconds", "request arrival to its last token",
                                  ["method"], buckets=_BUCKETS, registry=r)
 
-    def observe_decode(self, method: str, trace: Trace, prompt_tokens: int, completion_tokens: int) -> None:
-        """Count one finished generation: its tokens and the engine work it took."""
+    def observe_models(self, decoder: Any) -> None:
+        """Record which models `decoder` (a `verispec.Decoder`) has loaded and the kernels they run."""
+        kernels = decoder.linear_kernels()
+        for role, model in decoder.loaded_models().items():
+            self.model_info.labels(role, getattr(model, "linear_backend", "?"), kernels[role]).set(1)
+
+    def observe_decode(self, method: str, trace: Trace, prompt_tokens: int, completion_tokens: int,
+                       gamma: int | None = None) -> None:
+        """Count one finished generation: its tokens, the engine work it took and its rounds (by drafter and by the
+        draft length each round could use: the adaptive rule's choice, else `gamma`)."""
+        for round_ in trace.rounds:
+            length = round_.model_gamma if round_.model_gamma is not None and round_.drafter != "ngram" else gamma
+            self.rounds.labels(method, round_.drafter, "-" if length is None else str(length)).inc()
         self.prompt_tokens.inc(prompt_tokens)
         self.generated_tokens.inc(completion_tokens)
         self.target_calls.labels(method).inc(trace.target_calls)

@@ -179,6 +179,7 @@ class EngineWorker:
                 self.decoder.model("draft")
             else:
                 self.decoder.reduced_draft(n)
+            self.metrics.observe_models(self.decoder)
             self.ready = True
         except Exception as exc:  # reported by /health and every request's 503, never a traceback to clients
             self.load_error = f"{type(exc).__name__}: {exc}"
@@ -243,7 +244,7 @@ class EngineWorker:
         end = time.perf_counter()
         self.metrics.latency.labels(method).observe(end - job.arrival)
         self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (end - start)
-        self.metrics.observe_decode(method, out.trace, len(job.prompt_ids), text.kept_tokens)
+        self.metrics.observe_decode(method, out.trace, len(job.prompt_ids), text.kept_tokens, job.config.gamma)
         reason = "stop" if text.stopped or out.stopped_at_eos else "length"
         job.send(Finished(text.finish(), reason, len(job.prompt_ids), text.kept_tokens, out.trace,
                           clock["timed_out"] and not (text.stopped or out.stopped_at_eos)))
