@@ -32,12 +32,15 @@
 #                                                         context's) against the full head, both models on int4
 #   onednn-draft-vocab-humaneval-T0 onednn-draft-vocab-mt-bench-T0
 #                                                         the same (16k) on the float32 default path
+#   default-humaneval-T0 default-dev-T1                   the default path (no flags) against llama.cpp; ISA=avx2
+#   default-humaneval-T1 default-dev-T0                   for verispec's AVX2 kernel against llama.cpp's AVX2 build
 #   profile                                               the cost model's hardware profiles (oneDNN and torch linears)
 # UPTO runs that many prompts in all (default: the full size). Every bench run writes its results after each prompt
 # and resumes with `--resume`, so a run can stop (or be killed) and go on later, losing at most the prompt in
 # progress; rerun with a larger UPTO to extend it. Each run's results are also kept, compressed and without the
 # prompts' text, in benchmarks/results/NAME.json.gz (committed; `verispec archive`), and a run resumes from there on
 # a machine that lacks results/full/NAME.json. On a 2-core CPU these runs take about 30 hours together.
+# The sd and bv variants here name the drafter they measure (the model drafter; the default for sd and bv is hybrid).
 # TAG=WORD appends -WORD to the run's name: a fresh run (another machine, another commit) beside the archived one.
 #
 # Prompt sets. Evaluation prompts never overlap SPRINTER's training prompts: the verifiers are trained on the dev
@@ -76,7 +79,7 @@ sd_prompts() {  # sd_prompts SOURCE: sets PROMPTS, the sd runs' prompts (dev pos
 sd_run() {  # sd_run SOURCE TEMPERATURE UPTO: sd against ar, the draft alone and transformers' peers
   sd_prompts "$1"
   bench "sd-$1-T$2" "$3" "${PROMPTS[@]}" --temperature "$2" \
-    --methods ar draft sd:gamma=1 sd:gamma=2 sd:gamma=4 sd:gamma=6 hf-generate \
+    --methods ar draft sd:gamma=1,drafter=model sd:gamma=2,drafter=model sd:gamma=4,drafter=model sd:gamma=6,drafter=model hf-generate \
               hf-assisted:gamma=1 hf-assisted:gamma=2 hf-assisted:gamma=4 hf-assisted:gamma=6 \
     --compare-to hf-assisted:gamma=4
 }
@@ -84,28 +87,28 @@ sd_run() {  # sd_run SOURCE TEMPERATURE UPTO: sd against ar, the draft alone and
 confidence_run() {  # confidence_run SOURCE TEMPERATURE UPTO: sd and bv with the draft-confidence stop, int4 path
   sd_prompts "$1"
   bench "int4-confidence-$1-T$2" "$3" "${PROMPTS[@]}" --temperature "$2" --linear-backend int4 \
-    --compare-to sd:gamma=4 --methods ar sd:gamma=4 sd:gamma=4,draft_confidence=0.1 sd:gamma=4,draft_confidence=0.3 \
-    sd:gamma=6,draft_confidence=0.3 bv:gamma=4 bv:gamma=4,draft_confidence=0.3
+    --compare-to sd:gamma=4,drafter=model --methods ar sd:gamma=4,drafter=model sd:gamma=4,draft_confidence=0.1,drafter=model sd:gamma=4,draft_confidence=0.3,drafter=model \
+    sd:gamma=6,draft_confidence=0.3,drafter=model bv:gamma=4,drafter=model bv:gamma=4,draft_confidence=0.3,drafter=model
 }
 
 confidence_more() {  # confidence_more SOURCE TEMPERATURE UPTO: the stop at 0.3 and 0.5, and with the hybrid drafter
   sd_prompts "$1"
   bench "int4-confidence-more-$1-T$2" "$3" "${PROMPTS[@]}" --temperature "$2" --linear-backend int4 \
-    --compare-to sd:gamma=4 --methods ar sd:gamma=4 sd:gamma=4,draft_confidence=0.3 sd:gamma=4,draft_confidence=0.5 \
+    --compare-to sd:gamma=4,drafter=model --methods ar sd:gamma=4,drafter=model sd:gamma=4,draft_confidence=0.3,drafter=model sd:gamma=4,draft_confidence=0.5,drafter=model \
     sd:gamma=4,drafter=hybrid sd:gamma=4,drafter=hybrid,draft_confidence=0.3
 }
 
 multipath() {  # multipath TEMPERATURE UPTO: every multi-path method at K = 2..4 (K = 1 is sd / bv), gamma 4 and 8
-  local methods=(ar sd:gamma=4 sd:gamma=8 bv:gamma=4 bv:gamma=8)
+  local methods=(ar sd:gamma=4,drafter=model sd:gamma=8,drafter=model bv:gamma=4,drafter=model bv:gamma=8,drafter=model)
   for k in 2 3 4; do for g in 4 8; do for m in gbv specinfer spectr nss; do methods+=("$m:paths=$k,gamma=$g"); done; done; done
   bench "multipath-T$1" "$2" --prompts "$DEV" --category "${SHORT[@]}" --subset-seed 0 --offset 100 \
-    --temperature "$1" --methods "${methods[@]}" --compare-to bv:gamma=4
+    --temperature "$1" --methods "${methods[@]}" --compare-to bv:gamma=4,drafter=model
 }
 
 multipath_int4() {  # multipath_int4 TEMPERATURE UPTO: GBV and SpecInfer (K = 3) against sd and bv, γ = 4, int4 path
   bench "int4-multipath-T$1" "$2" --prompts "$DEV" --category "${SHORT[@]}" --subset-seed 0 --offset 100 \
-    --temperature "$1" --linear-backend int4 --compare-to bv:gamma=4 \
-    --methods ar sd:gamma=4 bv:gamma=4 gbv:paths=3,gamma=4 specinfer:paths=3,gamma=4
+    --temperature "$1" --linear-backend int4 --compare-to bv:gamma=4,drafter=model \
+    --methods ar sd:gamma=4,drafter=model bv:gamma=4,drafter=model gbv:paths=3,gamma=4 specinfer:paths=3,gamma=4
 }
 
 sprinter_verifier() {  # sprinter_verifier TEMPERATURE FEATURES: collect on the training prompts and train, once
@@ -168,14 +171,14 @@ sprinter_run() {  # sprinter_run TEMPERATURE UPTO
   for tau in $(cat "results/sprinter/taus_T$t.txt"); do sprinters+=("sprinter:tau=$tau"); done
   bench "sprinter-T$t" "$2" --prompts "$OUT/sprinter_prompts.jsonl" --temperature "$t" \
     --verifier "results/sprinter/verifier_T$t.safetensors" \
-    --methods ar draft sd:gamma=4 "${sprinters[@]}" sprinter-exact:tau=0.5 --compare-to sd:gamma=4 --quality
+    --methods ar draft sd:gamma=4,drafter=model "${sprinters[@]}" sprinter-exact:tau=0.5 --compare-to sd:gamma=4,drafter=model --quality
   $V pareto "$OUT/sprinter-T$t.json" --out "$OUT/sprinter-T${t}_pareto.png"
 }
 
 draft_bf16() {  # draft_bf16 SOURCE UPTO: the sd runs' prompts with the draft in bfloat16 (the target stays float32)
   sd_prompts "$1"
   bench "draft-bf16-$1-T0" "$2" "${PROMPTS[@]}" --temperature 0 --draft-dtype bfloat16 \
-    --methods ar draft sd:gamma=2 sd:gamma=4 sd:gamma=6
+    --methods ar draft sd:gamma=2,drafter=model sd:gamma=4,drafter=model sd:gamma=6,drafter=model
 }
 
 fixed_blocks() {  # fixed_blocks TEMPERATURE UPTO: exact E[τ] of every verifier on the same drafted blocks
@@ -194,7 +197,7 @@ llamacpp_run() {  # llamacpp_run SOURCE TEMPERATURE UPTO [BACKEND [DRAFT]]: veri
   [ "$draft" = torch ] && spec=default
   sd_prompts "$1"
   bench "$name" "$3" "${PROMPTS[@]}" --temperature "$2" --linear-backend "$backend" --draft "$spec" \
-    --methods ar sd:gamma=4 sd:drafter=hybrid llamacpp-generate llamacpp-speculative --gamma 4 \
+    --methods ar sd:gamma=4,drafter=model sd:drafter=hybrid llamacpp-generate llamacpp-speculative --gamma 4 \
     --compare-to llamacpp-generate
 }
 
@@ -208,8 +211,8 @@ lossy_run() {  # lossy_run TEMPERATURE UPTO [BACKEND]: the lossy rules at their 
   [ "$1" != 0 ] && fuzzy=(fuzzy:threshold=0.15 fuzzy:threshold=0.3)
   [ "$backend" != int8 ] && name="$backend-$name"
   N=384 bench "$name" "$2" --prompts humaneval --subset-seed 0 --temperature "$1" --linear-backend "$backend" \
-    --stop-at-function-end --quality --compare-to sd:gamma=4 \
-    --methods ar draft sd:gamma=4 sprinter sprinter:tau=0.5 typical:epsilon=0.09,delta=0.3 \
+    --stop-at-function-end --quality --compare-to sd:gamma=4,drafter=model \
+    --methods ar draft sd:gamma=4,drafter=model sprinter sprinter:tau=0.5 typical:epsilon=0.09,delta=0.3 \
               typical:epsilon=0.03,delta=0.1 margin:delta=1 margin:delta=2 fly:entropy=0.1 "${fuzzy[@]}"
   name="$name${TAG:+-$TAG}"
   $V pareto "$OUT/$name.json" --fronts "$OUT/$name"
@@ -229,17 +232,30 @@ lookup_run() {  # lookup_run TEMPERATURE UPTO [BACKEND DRAFT]: the drafters on t
   if [ "$draft" = torch ]; then peers=() spec=default name="$backend-torch-draft-lookup-categories-T$1"; fi
   bench "$name" "$2" --prompts "$DEV" --category summarization rag --subset-seed 1 \
     --temperature "$1" --linear-backend "$backend" --draft "$spec" --gamma 4 \
-    --methods ar sd:gamma=4 sd:drafter=ngram sd:drafter=ngram,gamma=8 sd:drafter=hybrid "${peers[@]}"
+    --methods ar sd:gamma=4,drafter=model sd:drafter=ngram sd:drafter=ngram,gamma=8 sd:drafter=hybrid "${peers[@]}"
 }
 
 draft_vocab_run() {  # draft_vocab_run SOURCE UPTO [BACKEND]: the reduced draft head against the full one, T = 0, int4
   # path (or BACKEND: onednn is the float32 default path, where the head is a larger share of the draft; 16k only).
   # MT-Bench and HumanEval: the ranking's mix of code, prose and the draft's answers was chosen on Spec-Bench dev
   # prompts outside MT-Bench's categories, not on these. (The 32k head joined the int4 runs with that ranking.)
-  local backend=${3:-int4} heads=(sd:gamma=4,draft_vocab=32768 sd:gamma=4,draft_vocab=16384 sd:gamma=4,draft_vocab=8192)
-  [ "$backend" != int4 ] && heads=(sd:gamma=4,draft_vocab=16384)
+  local backend=${3:-int4} heads=(sd:gamma=4,draft_vocab=32768,drafter=model sd:gamma=4,draft_vocab=16384,drafter=model sd:gamma=4,draft_vocab=8192,drafter=model)
+  [ "$backend" != int4 ] && heads=(sd:gamma=4,draft_vocab=16384,drafter=model)
   bench "$backend-draft-vocab-$1-T0" "$2" --prompts "$1" --subset-seed 0 --temperature 0 --linear-backend "$backend" \
-    --compare-to sd:gamma=4 --methods ar sd:gamma=4 "${heads[@]}"
+    --compare-to sd:gamma=4,drafter=model --methods ar sd:gamma=4,drafter=model "${heads[@]}"
+}
+
+default_run() {  # default_run SOURCE TEMPERATURE UPTO: the default path, no flags (auto backend, sd with its default
+  # drafter), fixed and adaptive γ, against llama.cpp's plain decoding of the same GGUF. ISA=avx2 runs verispec's
+  # AVX2 kernel (VERISPEC_ISA) against llama.cpp built for AVX2 only (`make peers ISA=avx2`), on the same host.
+  local peer=llamacpp-generate name="default-$1-T$2"
+  if [ -n "${ISA:-}" ]; then
+    export VERISPEC_ISA=$ISA
+    peer="llamacpp-generate:isa=$ISA" name="$name-$ISA"
+  fi
+  sd_prompts "$1"
+  bench "$name" "$3" "${PROMPTS[@]}" --temperature "$2" \
+    --methods ar sd sd:adaptive_gamma=true sd:drafter=model "$peer" --compare-to "$peer"
 }
 
 profiles() {  # the cost model's profiles: verispec's oneDNN linears, and transformers' own linears for the peers
@@ -293,6 +309,10 @@ case "$RUN" in
   int4-draft-vocab-mt-bench-T0) draft_vocab_run mt-bench "${2:-10}" ;;
   onednn-draft-vocab-humaneval-T0) draft_vocab_run humaneval "${2:-10}" onednn ;;
   onednn-draft-vocab-mt-bench-T0) draft_vocab_run mt-bench "${2:-10}" onednn ;;
+  default-humaneval-T0) default_run humaneval 0 "${2:-20}" ;;
+  default-dev-T1) default_run dev 1 "${2:-20}" ;;
+  default-humaneval-T1) default_run humaneval 1 "${2:-20}" ;;
+  default-dev-T0) default_run dev 0 "${2:-20}" ;;
   profile) profiles ;;
   *) echo "unknown run: $RUN" >&2; exit 2 ;;
 esac
