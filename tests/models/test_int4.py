@@ -122,13 +122,14 @@ def test_prompt_sized_forwards_run_the_int8_copy_and_shorter_ones_the_4bit_kerne
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the portable build targets x86-64-v2")
 def test_the_portable_path_returns_the_same_bits():
-    """Hosts without AVX-512 VNNI run the portable C++ path: the same operations in the same order."""
+    """Hosts without AVX2 run the portable C++ path: the same operations in the same order (every level against it:
+    tests/models/test_isa_paths.py)."""
     gen = torch.Generator().manual_seed(11)
     layer = layer_for(planted_grid(128, 96, seed=12), bias=torch.randn(128, generator=gen))
     x = torch.randn(13, 96, generator=gen)
     x[2] *= 50
-    portable = extension(portable=True)
-    assert not portable.vnni()
+    portable = extension(isa="portable")
+    assert portable.isa() == "portable" and not portable.vnni()
     assert torch.equal(portable.linear(x, layer.packed, layer.bias), layer(x))
 
 

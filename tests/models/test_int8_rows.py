@@ -86,7 +86,7 @@ def test_the_portable_path_returns_the_same_bits():
     layer = layer_for(128, 96, seed=9)
     x = torch.randn(13, 96, generator=torch.Generator().manual_seed(10))
     x[2] *= 50
-    portable = extension(portable=True)
+    portable = extension(isa="portable")
     assert torch.equal(portable.linear8(x, layer.packed, layer.scale, layer.rowsum, layer.bias), layer(x))
 
 

@@ -19,19 +19,22 @@ import torch
 
 from verispec.errors import ConfigError
 from verispec.models.fused import FusedInt4, projection_runs
+from verispec.models.int4 import INCLUDES as INT4_INCLUDES
 from verispec.models.int4 import Int4Linear, Int8RowLinear, extension
 from verispec.native.build import load_native
 
 NATIVE = Path(__file__).resolve().parent.parent / "native"
 SOURCE = NATIVE / "decoder.cpp"
-INCLUDES = (NATIVE / "attention.cpp", NATIVE / "int4_linear.cpp", NATIVE / "int4_amx.h")
+INCLUDES = (NATIVE / "attention.cpp", NATIVE / "int4_linear.cpp", *INT4_INCLUDES)
 
 
 @functools.cache
-def stack_kernel() -> Any | None:
-    """Return the decoder stack's extension (built once per machine), or None where it cannot be built."""
-    try:  # 512-bit vectors, as the attention kernel is built (its code is compiled in here)
-        return load_native(SOURCE, "decoder", extra_flags=("-mprefer-vector-width=512",), includes=INCLUDES)
+def stack_kernel(isa: str | None = None) -> Any | None:
+    """Return the decoder stack's extension for instruction-set level `isa` (verispec.native.cpu; None: the level
+    the layers' kernel runs), built once per machine; None where it cannot be built. Every level's stack gives the
+    same bits."""
+    try:
+        return load_native(SOURCE, "decoder", isa, includes=INCLUDES)
     except ConfigError:
         return None
 
@@ -66,10 +69,11 @@ def _parts(modules: list[torch.nn.Module], fuse: bool) -> list[tuple[torch.Tenso
     return parts
 
 
-def decoder_stack(model: Any, layers: list[Any], fuse: bool = True) -> Any | None:
-    """Return a `DecoderStack` over `layers` (of `model`, a transformers CausalLM the decoder loop runs), or None
-    when a projection is not on verispec's kernels or the extension cannot be built."""
-    kernel = stack_kernel()
+def decoder_stack(model: Any, layers: list[Any], fuse: bool = True, isa: str | None = None) -> Any | None:
+    """Return a `DecoderStack` over `layers` (of `model`, a transformers CausalLM the decoder loop runs), compiled
+    for instruction-set level `isa` (None: this CPU's best), or None when a projection is not on verispec's kernels
+    or the extension cannot be built."""
+    kernel = stack_kernel(isa)
     if kernel is None:
         return None
     config = model.config

@@ -4,7 +4,7 @@ Why: a one-token CPU forward reads every weight once, so its time is the bytes r
 int8's. A model converted from a 4-bit GGUF (the default target: Q4_K_M) holds, in most of its linears, weights
 that are exactly `scale * q + offset` with q in 0..15 for every group of 32 inputs (llama.cpp's Q4_K sub-blocks).
 Those layers are repacked without rounding (`grid_4bit` recovers q, scale and offset; scale and offset are stored in
-float16) and run by verispec's own kernel (verispec/native/int4_linear.cpp: AVX-512 VNNI, activations quantized to
+float16) and run by verispec's own kernel (verispec/native/int4_linear.cpp: AVX-512 or AVX2, activations quantized to
 int8 per token, a forward over a few tokens costing little more than one). Layers whose weights are on no 4-bit
 grid (the GGUF's 6-bit layers, the LM head, any float model) go to int8 on the same kernel's 8-bit path in decode
 and verify passes (`Int8RowLinear`; measured on 2 threads it read a 1536 x 8960 layer 1.4x and the 151,936 x 1536
@@ -36,13 +36,17 @@ PROMPT_ROWS = 64  # forwards over more tokens than this (prompts) run a layer's 
 # Off-grid layers with at most this many inputs run the kernel's 8-bit path (it sums in int32), wider ones fbgemm's.
 MAX_INT8_INPUTS = 1 << 16
 SOURCE = Path(__file__).resolve().parent.parent / "native" / "int4_linear.cpp"
-INCLUDES = (SOURCE.parent / "int4_amx.h",)  # its AMX tile path
+# Its instruction-set paths: AVX-512 VNNI, AMX tiles (8-bit passes), AVX2 / AVX-VNNI (256-bit).
+INCLUDES = tuple(SOURCE.parent / name for name in ("int4_avx512.h", "int4_amx.h", "int4_avx2.h"))
+# How describe() names each instruction-set level the kernel is compiled for (verispec.native.cpu).
+ISA_NAMES = {"avx512-vnni": "AVX-512 VNNI", "avx-vnni": "AVX-VNNI (256-bit)", "avx2": "AVX2",
+             "portable": "portable C++ (slow: no AVX2 here)"}
 
 
-def extension(portable: bool = False) -> Any:
-    """Build (once per machine and source, cached) and return the 4-bit linear kernel's extension module: for this
-    CPU (`-march=native`), or `portable` (x86-64-v2: the C++ path without AVX-512, to test that it agrees)."""
-    return load_native(SOURCE, "int4", portable, instead="Use --linear-backend int8 instead.", includes=INCLUDES)
+def extension(isa: str | None = None) -> Any:
+    """Build (once per machine, source and level, cached) and return the 4-bit linear kernel's extension module for
+    instruction-set level `isa` (verispec.native.cpu; None: the best this CPU runs, or $VERISPEC_ISA)."""
+    return load_native(SOURCE, "int4", isa, instead="Use --linear-backend int8 instead.", includes=INCLUDES)
 
 
 def grid_4bit(weight: torch.Tensor, rel_tol: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
@@ -163,7 +167,7 @@ class KernelLinear:
         return f"; over {PROMPT_ROWS} tokens {copy}"
 
     def _isa(self) -> str:
-        return "AVX-512 VNNI" if self.kernel.vnni() else "portable C++ (no AVX-512 VNNI here)"
+        return ISA_NAMES[self.kernel.isa()]
 
 
 def _check_shape(out_features: int, in_features: int) -> None:

@@ -53,14 +53,14 @@ void dots(const float* __restrict queries, int64_t q_stride, const float* __rest
       for (int64_t h = 0; h < H; ++h)
         for (int64_t l = 0; l < LANES; ++l) {
           const float x = queries[h * q_stride + d + l];
-          p0[h][l] += x * r0[d + l];
-          p1[h][l] += x * r1[d + l];
+          p0[h][l] = std::fma(x, r0[d + l], p0[h][l]);
+          p1[h][l] = std::fma(x, r1[d + l], p1[h][l]);
         }
     for (int64_t h = 0; h < H; ++h)  // a head size that is no multiple of LANES: the rest into the first lanes
       for (int64_t l = 0; d + l < D; ++l) {
         const float x = queries[h * q_stride + d + l];
-        p0[h][l] += x * r0[d + l];
-        p1[h][l] += x * r1[d + l];
+        p0[h][l] = std::fma(x, r0[d + l], p0[h][l]);
+        p1[h][l] = std::fma(x, r1[d + l], p1[h][l]);
       }
     for (int64_t h = 0; h < H; ++h) {
       scores[h * n + t] = reduce(p0[h]) * scale;
@@ -83,7 +83,7 @@ void weighted_sums(const float* __restrict p, int64_t n, const float* __restrict
       const float* row = vh + keys[t] * stride + d0;
       for (int64_t h = 0; h < H; ++h) {
         const float w = p[h * n + t];
-        for (int64_t d = 0; d < WIDTH; ++d) acc[h][d] += w * row[d];
+        for (int64_t d = 0; d < WIDTH; ++d) acc[h][d] = std::fma(w, row[d], acc[h][d]);
       }
     }
     for (int64_t h = 0; h < H; ++h) std::copy(acc[h], acc[h] + WIDTH, out + h * D + d0);
@@ -94,7 +94,7 @@ void weighted_sums(const float* __restrict p, int64_t n, const float* __restrict
   for (int64_t t = 0; t < n; ++t) {
     const float* row = vh + keys[t] * stride + d0;
     for (int64_t h = 0; h < H; ++h)
-      for (int64_t d = 0; d < width; ++d) acc[h][d] += p[h * n + t] * row[d];
+      for (int64_t d = 0; d < width; ++d) acc[h][d] = std::fma(p[h * n + t], row[d], acc[h][d]);
   }
   for (int64_t h = 0; h < H; ++h) std::copy(acc[h], acc[h] + width, out + h * D + d0);
 }
@@ -143,21 +143,23 @@ float sum(const float* s, int64_t n) {
 
 // s[j] = exp(s[j] - shift) for s[j] <= shift, as a branch-free loop the compiler vectorises (std::exp and
 // std::floor keep it scalar): 2^k * e^r with x = k ln 2 + r, k rounded to nearest by adding and subtracting 1.5 * 2^23,
-// and Cephes' degree-6 polynomial for e^r (relative error about 1e-7).
+// and Cephes' degree-6 polynomial for e^r (relative error about 1e-7). The multiply-adds here and in the dot products
+// are explicit fma calls (the build rounds every other product and sum as written, so that all instruction-set levels
+// agree): one instruction where the CPU has FMA, and the same bits from the C library's fmaf where it has none.
 void exp_shifted(float* __restrict s, int64_t n, float shift) {
   for (int64_t j = 0; j < n; ++j) {
     float x = s[j] - shift;
     x = x < -87.0f ? -87.0f : x;
-    const float k = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;
-    float r = x - k * 0.693359375f;
-    r = r + k * 2.12194440e-4f;
+    const float k = std::fma(x, 1.44269504088896341f, 12582912.f) - 12582912.f;
+    float r = std::fma(k, -0.693359375f, x);
+    r = std::fma(k, 2.12194440e-4f, r);
     float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float e = p * r * r + r + 1.0f;
+    p = std::fma(p, r, 1.3981999507e-3f);
+    p = std::fma(p, r, 8.3334519073e-3f);
+    p = std::fma(p, r, 4.1665795894e-2f);
+    p = std::fma(p, r, 1.6666665459e-1f);
+    p = std::fma(p, r, 5.0000001201e-1f);
+    const float e = std::fma(p * r, r, r) + 1.0f;
     const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;  // 2^k as a float's bits
     s[j] = e * __builtin_bit_cast(float, bits);
   }

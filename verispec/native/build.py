@@ -1,4 +1,5 @@
-"""Build verispec's C++ kernels once per machine, source and torch version, cached under verispec's cache folder."""
+"""Build verispec's C++ kernels once per machine, source, instruction-set level and torch version, cached under
+verispec's cache folder."""
 
 from __future__ import annotations
 
@@ -10,33 +11,41 @@ from typing import Any
 import torch
 
 from verispec.errors import ConfigError
+from verispec.native.cpu import best_isa, isa_flags
 
 
 @functools.cache
-def load_native(source: Path, name: str, portable: bool = False, instead: str = "",
+def load_native(source: Path, name: str, isa: str | None = None, instead: str = "",
                 extra_flags: tuple[str, ...] = (), includes: tuple[Path, ...] = ()) -> Any:
-    """Build (once, cached) and return the torch extension module compiled from `source`: for this CPU
-    (`-march=native`), or `portable` (x86-64-v2: no AVX-512, to test that the generic code agrees). A failed build
-    raises ConfigError naming the source, the first compiler error and `instead` (what the user can run without it).
-    `extra_flags`: more compiler flags (part of the cache key). `includes`: the sources `source` includes (their
-    text is part of the cache key too, so that editing one rebuilds)."""
+    """Build (once, cached) and return the torch extension module compiled from `source` for instruction-set level
+    `isa` (see verispec.native.cpu; None: the best this CPU runs, or $VERISPEC_ISA). A level the CPU cannot run, or
+    a failed build, raises ConfigError; the latter names the source, the first compiler error and `instead` (what
+    the user can run without it). `extra_flags`: more compiler flags. `includes`: the sources `source` includes
+    (their text is part of the cache key, so that editing one rebuilds)."""
     from torch.utils import cpp_extension  # imported here: it pulls in the compiler tooling
 
     from verispec.models.cache import cache_dir
 
-    arch = "x86-64-v2" if portable else "native"
-    # -fopenmp: at::parallel_for is inline, so without it a kernel's loops run on one thread whatever torch's
-    # setting (measured: the 4-bit linear 1.9x slower per layer on 2 cores). No -fopenmp at link time: the OpenMP
-    # calls resolve to the runtime torch itself loads, so torch.set_num_threads governs the kernels and no second
-    # pool spins.
-    flags = ["-O3", f"-march={arch}", "-fopenmp", *extra_flags]
+    level = isa or best_isa()
+    # -ffp-contract=off: every float multiply and add is rounded as written (the kernels' fused ones are explicit
+    # fma calls), so that a level with FMA instructions returns the portable level's bits: without it, g++ fuses
+    # a * b + c in the attention loops wherever FMA exists. -fopenmp: at::parallel_for is inline, so without it a
+    # kernel's loops run on one thread whatever torch's setting (measured: the 4-bit linear 1.9x slower per layer on
+    # 2 cores). No -fopenmp at link time: the OpenMP calls resolve to the runtime torch itself loads, so
+    # torch.set_num_threads governs the kernels and no second pool spins. -fvisibility=hidden: where one process
+    # loads a source's builds for several levels (tests, benchmarks), each calls its own functions.
+    flags = ["-O3", *isa_flags(level), "-ffp-contract=off", "-fvisibility=hidden", "-fopenmp", *extra_flags]
     text = source.read_bytes() + b"".join(path.read_bytes() for path in includes)
     tag = hashlib.sha256(text + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:12]
-    build = cache_dir() / "native" / f"{name}-{tag}"
+    # The level and a digest of the flags name the module and its folder: a cache copied from another machine is
+    # only reused where the same level's same flags were asked for, i.e. where this CPU runs that code.
+    flag_tag = hashlib.sha256(" ".join(flags).encode()).hexdigest()[:8]
+    module = f"verispec_{name}_{level.replace('-', '_')}_{flag_tag}"
+    build = cache_dir() / "native" / f"{name}-{level}-{tag}"
     build.mkdir(parents=True, exist_ok=True)
     try:
-        return cpp_extension.load(name=f"verispec_{name}" + ("_portable" if portable else ""), sources=[str(source)],
-                                  build_directory=str(build), extra_cflags=flags, verbose=False)
+        return cpp_extension.load(name=module, sources=[str(source)], build_directory=str(build), extra_cflags=flags,
+                                  verbose=False)
     except (RuntimeError, OSError, ImportError) as e:
         lines = str(e).splitlines()
         reason = next((line for line in lines if "error" in line.lower()), lines[-1] if lines else repr(e))

@@ -188,7 +188,8 @@ class DecoderStack {
 };
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  py::class_<DecoderStack>(m, "DecoderStack")
+  // module_local: each instruction-set level's build of this file registers its own class (tests load several)
+  py::class_<DecoderStack>(m, "DecoderStack", py::module_local())
       .def(py::init<const std::vector<LayerSpec>&, int64_t, int64_t, int64_t, int64_t, int64_t, double>(),
            py::arg("layers"), py::arg("hidden"), py::arg("heads"), py::arg("kv_heads"), py::arg("head_dim"),
            py::arg("intermediate"), py::arg("scale"))

@@ -20,7 +20,7 @@
 // 4p..4p+3 of the 16 rows); tmm4..tmm7 the int32 sums of the quad's four blocks.
 #pragma once
 
-#if VERISPEC_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#if VERISPEC_ISA_LEVEL >= 3 && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define VERISPEC_AMX 1
 #include <sys/syscall.h>
 #include <unistd.h>

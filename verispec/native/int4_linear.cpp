@@ -2,15 +2,17 @@
 // int8 per token at run time. verispec/models/int4.py builds this once per machine and packs the weights.
 //
 // Why: a CPU decode step reads every weight once, so its time is the bytes read; 4-bit weights read half of int8's.
-// The integer products run 16 outputs x 4 inputs per instruction (AVX-512 VNNI vpdpbusd: unsigned 4-bit weights
-// times signed int8 activations, summed exactly in int32), and one pass over a block of weights serves up to 8
-// tokens held in registers, so a forward over a few tokens costs little more than one: what a speculative verify
-// pass needs.
+// The integer products run many outputs x 4 inputs per instruction (vpdpbusd, or vpmaddubsw on AVX2: unsigned 4-bit
+// weights times signed int8 activations, summed exactly), and one pass over a block of weights serves up to 8
+// tokens, so a forward over a few tokens costs little more than one: what a speculative verify pass needs.
+//
+// Instruction sets: VERISPEC_ISA_LEVEL (set with the level's flags by verispec/native/cpu.py) picks the path: 3
+// AVX-512 VNNI (int4_avx512.h, and AMX tiles for 8-bit passes: int4_amx.h), 2 AVX-VNNI and 1 AVX2 (256-bit:
+// int4_avx2.h), 0 the portable C++ below. Every path reads the same packed weights and returns the same bits.
 //
 // Causality and determinism: each token has its own activation scale, its integer sums are exact, and its float
-// accumulation runs over the groups in one fixed order whatever the batch, so a row's outputs are bit-identical
-// alone or inside any batch. The portable path (hosts without AVX-512 VNNI) performs the same operations in the
-// same order and returns the same bits, only slower.
+// accumulation runs over the groups in one fixed order whatever the batch (per group, acc = fma(dot, scale, acc),
+// then acc = fma(offset, xsum, acc)), so a row's outputs are bit-identical alone or inside any batch, on any path.
 //
 // Packed layout: output rows in blocks of 16, blocks in quads of 4, stored [quad][group][block][320 bytes] so that
 // a thread reads its weights as one sequential stream. Per block and group of 32 inputs, 320 bytes: 4 vectors of 64
@@ -24,16 +26,22 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#ifndef VERISPEC_ISA_LEVEL
+#define VERISPEC_ISA_LEVEL 0
+#endif
+#if VERISPEC_ISA_LEVEL >= 1
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__) || \
+    (VERISPEC_ISA_LEVEL >= 2 && !defined(__AVXVNNI__) && !defined(__AVX512VNNI__)) || \
+    (VERISPEC_ISA_LEVEL >= 3 && !defined(__AVX512BW__))
+#error "VERISPEC_ISA_LEVEL asks for instructions these compiler flags do not enable"
+#endif
 #include <immintrin.h>
-#define VERISPEC_VNNI 1
-#else
-#define VERISPEC_VNNI 0
 #endif
 
 namespace {
@@ -49,46 +57,6 @@ constexpr int kCell8 = 512;    // int8 weights: bytes per block and chunk of 32 
 constexpr int64_t kQuadChunk8 = kQuad * kCell8;
 constexpr int64_t kPrefetch = 16384;  // bytes ahead of the weights in use that are asked into L2
 
-// Per token t: int8 activations xq[t] (x * 127 / max|x| rounded half to even), the scale s = max|x| / 127, and the
-// integer sum of xq over each group (for the offsets' term; exact, so its order does not matter).
-void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* xq, float* xs, float* xsum) {
-  const int64_t G = K / kGroup;
-  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const float* row = x + t * K;
-      int8_t* out = xq + t * K;
-#if VERISPEC_VNNI
-      __m512 m = _mm512_setzero_ps();
-      for (int64_t k = 0; k < K; k += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(row + k)));
-      const float peak = std::fmax(_mm512_reduce_max_ps(m), 1e-30f);  // an all-zero row stays zero
-      const __m512 inv = _mm512_set1_ps(127.0f / peak);
-      for (int64_t g = 0; g < G; ++g) {
-        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + g * kGroup), inv));
-        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + g * kGroup + 16), inv));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + g * kGroup), _mm512_cvtsepi32_epi8(q0));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + g * kGroup + 16), _mm512_cvtsepi32_epi8(q1));
-        xsum[t * G + g] = static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
-      }
-#else
-      float peak = 0.0f;
-      for (int64_t k = 0; k < K; ++k) peak = std::fmax(peak, std::fabs(row[k]));
-      peak = std::fmax(peak, 1e-30f);  // an all-zero row stays zero
-      const float inv = 127.0f / peak;
-      for (int64_t g = 0; g < G; ++g) {
-        int32_t sum = 0;
-        for (int k = 0; k < kGroup; ++k) {
-          const int32_t v = static_cast<int32_t>(std::nearbyint(row[g * kGroup + k] * inv));  // half to even
-          out[g * kGroup + k] = static_cast<int8_t>(v);
-          sum += v;
-        }
-        xsum[t * G + g] = static_cast<float>(sum);
-      }
-#endif
-      xs[t] = peak / 127.0f;
-    }
-  });
-}
-
 inline int32_t load32(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof(v));
@@ -98,51 +66,40 @@ inline int32_t load32(const int8_t* p) {
 // Where block r (of its quad) keeps group g: 256 bytes of weights, then 16 float16 scales, then 16 offsets.
 inline const uint8_t* at_group(const uint8_t* quad, int64_t g, int r) { return quad + g * kQuadGroup + r * kCell; }
 
-#if VERISPEC_VNNI
-// acc[r][t][16] for RB blocks r of one quad (from `quad`, already offset to the first) and TT tokens t: the sum over
-// groups of scale * (q . xq) + offset * xsum. RB * TT independent accumulator chains hide vpdpbusd's latency; the
-// weights are unpacked once per group and block and serve all TT tokens.
-template <int RB, int TT>
-inline void tile(const uint8_t* quad, int64_t G, const int8_t* xq, int64_t K, const float* xsum, float* acc_out) {
-  __m512 acc[RB][TT];
-  for (int r = 0; r < RB; ++r)
-    for (int t = 0; t < TT; ++t) acc[r][t] = _mm512_setzero_ps();
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  for (int64_t g = 0; g < G; ++g) {
-    // Ask for the weights 16 KiB ahead into L2: the hardware prefetcher alone kept a one-token pass at about 16 GB/s
-    // (fbgemm's int8 kernel streams at 19-25 here); with this, 19 GB/s. Into L1 (T0) it slowed 5-token passes.
-    for (int c = 0; c < RB * kCell; c += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(at_group(quad, g, 0) + c + kPrefetch), _MM_HINT_T1);
-    __m512i dot[RB][TT];
-    for (int r = 0; r < RB; ++r)
-      for (int t = 0; t < TT; ++t) dot[r][t] = _mm512_setzero_si512();
-    for (int p = 0; p < 4; ++p) {
-      for (int r = 0; r < RB; ++r) {
-        const __m512i v = _mm512_loadu_si512(at_group(quad, g, r) + 64 * p);
-        const __m512i lo = _mm512_and_si512(v, low);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        for (int t = 0; t < TT; ++t) {
-          const int8_t* xr = xq + t * K + g * kGroup;
-          dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], lo, _mm512_set1_epi32(load32(xr + 4 * p)));
-          dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], hi, _mm512_set1_epi32(load32(xr + 4 * (p + 4))));
-        }
-      }
-    }
-    for (int r = 0; r < RB; ++r) {
-      const uint8_t* cell = at_group(quad, g, r);
-      const __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(cell + 256)));
-      const __m512 b = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(cell + 288)));
-      for (int t = 0; t < TT; ++t) {
-        // exact: |dot| <= 32 * 15 * 127
-        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][t]), a, acc[r][t]);
-        acc[r][t] = _mm512_fmadd_ps(b, _mm512_set1_ps(xsum[t * G + g]), acc[r][t]);
-      }
-    }
-  }
-  for (int r = 0; r < RB; ++r)
-    for (int t = 0; t < TT; ++t) _mm512_storeu_ps(acc_out + (r * TT + t) * kRows, acc[r][t]);
-}
+// A path's tiles: tile<RB, TT> fills acc[r][t][16] (float) for RB blocks r of one quad (from `quad`, offset to the
+// first) and TT tokens t, the sum over groups of scale * (q . xq) + offset * xsum; tile8<RB, TT> fills int32 sums
+// over the inputs for int8 weights. Each path lists, per token count 1..8, its tile and how many of a quad's blocks
+// it takes at once (kTiles, kTiles8, kTileBlocks), and how it quantizes one token's row (quantize_row).
+using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*, float*);
+using Tile8Fn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, int32_t*);
+
+}  // namespace
+
+#if VERISPEC_ISA_LEVEL >= 3
+#include "int4_avx512.h"
+#elif VERISPEC_ISA_LEVEL >= 1
+#include "int4_avx2.h"
 #else
+namespace {
+
+// The reference every other path matches: the same integer sums and the same float operations in the same order.
+inline float quantize_row(const float* row, int64_t K, int8_t* out, float* sums) {
+  float peak = 0.0f;
+  for (int64_t k = 0; k < K; ++k) peak = std::fmax(peak, std::fabs(row[k]));
+  peak = std::fmax(peak, 1e-30f);  // an all-zero row stays zero
+  const float inv = 127.0f / peak;
+  for (int64_t g = 0; g < K / kGroup; ++g) {
+    int32_t sum = 0;
+    for (int k = 0; k < kGroup; ++k) {
+      const int32_t v = static_cast<int32_t>(std::nearbyint(row[g * kGroup + k] * inv));  // half to even
+      out[g * kGroup + k] = static_cast<int8_t>(v);
+      sum += v;
+    }
+    sums[g] = static_cast<float>(sum);
+  }
+  return peak;
+}
+
 template <int RB, int TT>
 inline void tile(const uint8_t* quad, int64_t G, const int8_t* xq, int64_t K, const float* xsum, float* acc_out) {
   for (int r = 0; r < RB; ++r) {
@@ -170,41 +127,11 @@ inline void tile(const uint8_t* quad, int64_t G, const int8_t* xq, int64_t K, co
     std::memcpy(acc_out + r * TT * kRows, acc, sizeof(acc));
   }
 }
-#endif
 
-// acc[r][t][16] (int32) for RB blocks r of one quad of int8 weights and TT tokens t: sum over inputs of
-// (xq + 128) * w, exact (|sum| < 255 * 127 * K). With one token each sum runs in 4 interleaved accumulators (inputs
-// 4p.. into p mod 4; 2 with two tokens): one chain per block read a 1536 x 8960 layer at 13 GB/s, four at 17 (the
-// integer sums are exact, so the split changes no bit). More tokens have chains enough, and no registers to spare.
+// Sums xq * w over the inputs (the vector paths sum (xq + 128) * w and take 128 x the row's weight sum off after:
+// the same integer).
 template <int RB, int TT>
 inline void tile8(const uint8_t* quad, int64_t C, const int8_t* xq, int64_t K, int32_t* acc_out) {
-#if VERISPEC_VNNI
-  constexpr int A = TT == 1 ? 4 : (TT == 2 ? 2 : 1);
-  __m512i acc[A][RB][TT];
-  for (int a = 0; a < A; ++a)
-    for (int r = 0; r < RB; ++r)
-      for (int t = 0; t < TT; ++t) acc[a][r][t] = _mm512_setzero_si512();
-  for (int64_t c = 0; c < C; ++c) {
-    const uint8_t* chunk = quad + c * kQuadChunk8;
-    for (int b = 0; b < RB * kCell8; b += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(chunk + b + kPrefetch), _MM_HINT_T1);
-    for (int p = 0; p < 8; ++p) {
-      for (int r = 0; r < RB; ++r) {
-        const __m512i v = _mm512_loadu_si512(chunk + r * kCell8 + 64 * p);
-        for (int t = 0; t < TT; ++t) {
-          const int32_t xu = load32(xq + t * K + c * kGroup + 4 * p) ^ static_cast<int32_t>(0x80808080u);
-          acc[p % A][r][t] = _mm512_dpbusd_epi32(acc[p % A][r][t], _mm512_set1_epi32(xu), v);
-        }
-      }
-    }
-  }
-  for (int r = 0; r < RB; ++r)
-    for (int t = 0; t < TT; ++t) {
-      __m512i sum = acc[0][r][t];
-      for (int a = 1; a < A; ++a) sum = _mm512_add_epi32(sum, acc[a][r][t]);
-      _mm512_storeu_si512(reinterpret_cast<__m512i*>(acc_out + (r * TT + t) * kRows), sum);
-    }
-#else
   for (int r = 0; r < RB; ++r)
     for (int t = 0; t < TT; ++t)
       for (int j = 0; j < kRows; ++j) {
@@ -213,23 +140,31 @@ inline void tile8(const uint8_t* quad, int64_t C, const int8_t* xq, int64_t K, i
           const uint8_t* cell = quad + c * kQuadChunk8 + r * kCell8;
           for (int p = 0; p < 8; ++p)
             for (int b = 0; b < 4; ++b)
-              sum += (static_cast<int32_t>(xq[t * K + c * kGroup + 4 * p + b]) + 128) *
-                     static_cast<int8_t>(cell[64 * p + 4 * j + b]);
+              sum += xq[t * K + c * kGroup + 4 * p + b] * static_cast<int8_t>(cell[64 * p + 4 * j + b]);
         }
         acc_out[(r * TT + t) * kRows + j] = sum;
       }
-#endif
 }
 
-using TileFn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, const float*, float*);
-// Per token count 1..8: the tile, and how many of a quad's blocks it takes at once (more where few tokens would
-// leave vpdpbusd's latency exposed).
-constexpr TileFn kTiles[kTile + 1] = {nullptr, tile<4, 1>, tile<4, 2>, tile<2, 3>, tile<2, 4>, tile<2, 5>,
-                                     tile<2, 6>, tile<1, 7>, tile<1, 8>};
-constexpr int kTileBlocks[kTile + 1] = {0, 4, 4, 2, 2, 2, 2, 1, 1};
-using Tile8Fn = void (*)(const uint8_t*, int64_t, const int8_t*, int64_t, int32_t*);
-constexpr Tile8Fn kTiles8[kTile + 1] = {nullptr, tile8<4, 1>, tile8<4, 2>, tile8<2, 3>, tile8<2, 4>, tile8<2, 5>,
-                                        tile8<2, 6>, tile8<1, 7>, tile8<1, 8>};
+constexpr int32_t kShift8 = 0;
+constexpr TileFn kTiles[kTile + 1] = {nullptr, tile<4, 1>, tile<4, 2>, tile<4, 3>, tile<4, 4>, tile<4, 5>,
+                                     tile<4, 6>, tile<4, 7>, tile<4, 8>};
+constexpr Tile8Fn kTiles8[kTile + 1] = {nullptr, tile8<4, 1>, tile8<4, 2>, tile8<4, 3>, tile8<4, 4>, tile8<4, 5>,
+                                        tile8<4, 6>, tile8<4, 7>, tile8<4, 8>};
+constexpr int kTileBlocks[kTile + 1] = {0, 4, 4, 4, 4, 4, 4, 4, 4};
+
+}  // namespace
+#endif
+
+namespace {
+
+// Per token t: int8 activations xq[t] (x * 127 / max|x| rounded half to even), the scale s = max|x| / 127, and the
+// integer sum of xq over each group (for the offsets' term; exact, so its order does not matter).
+void quantize_rows(const float* x, int64_t T, int64_t K, int8_t* xq, float* xs, float* xsum) {
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) xs[t] = quantize_row(x + t * K, K, xq + t * K, xsum + t * (K / kGroup)) / 127.0f;
+  });
+}
 
 }  // namespace
 
@@ -250,13 +185,13 @@ TokenQuant quantize_raw(const float* x, int64_t T, int64_t K) {
   return a;
 }
 
-// The traversal both paths share: quads of blocks split over the threads, up to kSuper tokens at a time passing each
+// The traversal every path shares: quads of blocks split over the threads, up to kSuper tokens at a time passing each
 // quad while its weights stay in cache, register tiles of up to kTile tokens. run(nq, r0, t0, tt, acc) fills acc for
 // the tile's blocks r0.. of quad nq and tokens t0..t0+tt; store(n0, t, a) writes token t's outputs n0..n0+15 from a.
 template <typename Acc, typename Run, typename Store>
 void over_tiles(int64_t NQ, int64_t T, const Run& run, const Store& store) {
   at::parallel_for(0, NQ, 1, [&](int64_t q0, int64_t q1) {
-    Acc acc[kTile * kRows * kQuad];
+    alignas(64) Acc acc[kTile * kRows * kQuad];
     for (int64_t s0 = 0; s0 < T; s0 += kSuper) {
       const int64_t s1 = std::min(T, s0 + kSuper);
       for (int64_t nq = q0; nq < q1; ++nq) {
@@ -286,7 +221,7 @@ void check_x_and_bias(const torch::Tensor& x, const torch::Tensor& bias, int64_t
 
 }  // namespace
 
-// The two paths' cores on raw rows, for the checked entry points below and for verispec/native/decoder.cpp (which
+// The 4-bit and 8-bit linears' cores on raw rows, for the checked entry points below and for verispec/native/decoder.cpp (which
 // includes this file): x [T, K] float32 contiguous; out[t * ldo + n] receives output n of token t.
 void linear_rows(const float* x, int64_t T, int64_t K, const uint8_t* pk, int64_t NQ, const float* bs, float* out,
                  int64_t ldo) {
@@ -314,10 +249,10 @@ void linear8_rows(const float* x, int64_t T, int64_t K, const uint8_t* pk, int64
   const TokenQuant a = quantize_raw(x, T, K);
   const int8_t* q = a.q.data_ptr<int8_t>();
   const float* s = a.scale.data_ptr<float>();
-  // The vector path sums (xq + 128) * w, the tile path xq * w: the same integer once 128 x the row's weight sum is
-  // taken off the former.
+  // The VNNI paths sum (xq + 128) * w, the others (AMX tiles among them) xq * w: the same integer once 128 x the
+  // row's weight sum is taken off the former.
   const bool amx = amx_for(T);
-  const int32_t shift = amx ? 0 : 128;
+  const int32_t shift = amx ? 0 : kShift8;
   const auto store = [&](int64_t n0, int64_t t, const int32_t* acc) {
     float* row = out + t * ldo + n0;
     for (int j = 0; j < kRows; ++j) {
@@ -390,7 +325,13 @@ torch::Tensor linear8(const torch::Tensor& x, const torch::Tensor& packed, const
   return y;
 }
 
-bool vnni() { return VERISPEC_VNNI; }
+// The instruction-set level this module was compiled for (verispec/native/cpu.py's names).
+std::string isa() {
+  constexpr const char* kNames[] = {"portable", "avx2", "avx-vnni", "avx512-vnni"};
+  return kNames[VERISPEC_ISA_LEVEL];
+}
+
+bool vnni() { return VERISPEC_ISA_LEVEL >= 2; }
 
 // The most threads one at::parallel_for region of this build ran on: torch's thread count when the file is compiled
 // with OpenMP (-fopenmp; the runtime is torch's own), 1 when it is not, whatever torch's setting (its parallel
@@ -410,7 +351,8 @@ int64_t parallel_threads() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "4-bit-weight, per-token int8-activation linear");
   m.def("linear8", &linear8, "int8-weight (per-row scale), per-token int8-activation linear");
-  m.def("vnni", &vnni, "whether this build uses AVX-512 VNNI");
+  m.def("isa", &isa, "the instruction-set level this module was compiled for");
+  m.def("vnni", &vnni, "whether this build's integer products run on vpdpbusd (AVX-512 VNNI or AVX-VNNI)");
   m.def("amx", &amx, "whether 8-bit passes of several tokens run on AMX tiles");
   m.def("amx_min_tokens", &amx_min_tokens, "the fewest tokens a pass on AMX tiles takes");
   m.def("set_amx", &set_amx, "turn the AMX tile path on or off", py::arg("on"), py::arg("min_tokens") = 0);

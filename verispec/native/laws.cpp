@@ -18,7 +18,9 @@
 #include <utility>
 #include <vector>
 
-#if defined(__AVX512F__)
+// The 512-bit code runs at the avx512-vnni level only (VERISPEC_ISA_LEVEL 3, set by verispec/native/cpu.py): an
+// AVX-512 host's lower levels define __AVX512F__ too, and must compile what a CPU without AVX-512 runs.
+#if defined(VERISPEC_ISA_LEVEL) && VERISPEC_ISA_LEVEL >= 3
 #include <immintrin.h>
 #define VERISPEC_AVX512 1
 #else
