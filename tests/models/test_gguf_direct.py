@@ -1,0 +1,156 @@
+"""A GGUF model built from its blocks (`verispec.models.gguf_direct`) against the float path (transformers' GGUF
+loader, then `use_int4_linears`): the same layers, each with the same weights up to the float16 rounding of a 4-bit
+layer's scale and offset; the protocol's exactness; damaged and unsupported files as one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as GGML
+
+from tests.models.gguf_cases import LAYER_TYPES, write_tiny_gguf
+from tests.models.protocol_cases import fresh_logits, rollback_case, tree_case
+from verispec.errors import ConfigError, ModelFilesError
+from verispec.models import gguf_direct
+from verispec.models.fastpath import apply_linear_backend
+from verispec.models.gguf_blocks import four_bit_levels
+from verispec.models.gguf_file import GGUFFile
+from verispec.models.gguf_layers import BlockEmbedding, LazyPromptCopy
+from verispec.models.hf import HFCausalLM, load_pretrained
+from verispec.models.int4 import PROMPT_ROWS, Int4Linear, Int8RowLinear
+from verispec.models.loading import load_model
+from verispec.models.prompt_linear import prompt_layer
+from verispec.models.quantized import quantized_engine
+
+pytestmark = pytest.mark.skipif(quantized_engine() is None, reason="this torch build has no fbgemm engine")
+
+
+@pytest.fixture(autouse=True)
+def metadata_cache(tmp_path, monkeypatch):
+    """Tokenizers and configs read from the test's GGUF files are cached under tmp_path, not the user's cache."""
+    monkeypatch.setattr(gguf_direct, "cache_dir", lambda: tmp_path / "cache")
+
+
+def float_path(path, backend: str = "int4") -> HFCausalLM:
+    """The model as the float path builds it: transformers dequantises the GGUF, then the backend packs it."""
+    model, tokenizer = load_pretrained(str(path))
+    wrapped = HFCausalLM(model, tokenizer)
+    apply_linear_backend(wrapped, backend)
+    return wrapped
+
+
+def layers(model: HFCausalLM) -> dict:
+    return {name: module.quantized for name, module in model.model.named_modules() if hasattr(module, "quantized")}
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_every_layer_is_the_float_paths_layer_to_float16_scales(tmp_path, arch):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", arch=arch)
+    direct, reference = load_model(str(path), "target", linear_backend="int4"), float_path(path)
+    exact = dict(load_pretrained(str(path))[0].named_parameters())  # the float weights, as transformers reads them
+    source = GGUFFile(path)
+    ours, theirs = layers(direct), layers(reference)
+    assert ours.keys() == theirs.keys() and len(ours) == 2 * len(LAYER_TYPES) + 1
+    for name, layer in ours.items():
+        assert type(layer) is type(theirs[name]), name
+        if isinstance(layer, Int8RowLinear):  # a 5, 6 or 8-bit tensor: the same float weights, quantized alike
+            assert torch.equal(layer.dequantized(), theirs[name].dequantized()), name
+            continue
+        kind = name.split(".")[-1]
+        gguf_name = {"q_proj": "attn_q", "k_proj": "attn_k", "o_proj": "attn_output", "gate_proj": "ffn_gate"}[kind]
+        entry = source.tensors[f"blk.{name.split('.')[2]}.{gguf_name}.weight"]
+        _, scale, offset = four_bit_levels(source.raw(entry.name), entry.ggml_type, entry.shape)
+        if arch == "llama" and kind in ("q_proj", "k_proj"):  # rows as transformers orders them (compared below)
+            scale, offset = scale.abs().amax(), offset.abs().amax()
+        bound = 2.0**-11 * (15 * scale.abs() + offset.abs()) + 2.0**-24 * 16
+        bound = bound.repeat_interleave(32, dim=1) if bound.dim() else bound
+        assert ((layer.dequantized() - exact[f"{name}.weight"]).abs() <= bound * 1.001).all(), name
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_logits_and_kernels_agree_with_the_float_path(tmp_path, tied):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tied=tied)
+    direct, reference = load_model(str(path), "target", linear_backend="int4"), float_path(path)
+    exact = float_path(path, "torch")
+    assert direct.linear_backend == "int4" and direct.linear_kernel == reference.linear_kernel
+    assert direct.per_query_attention and direct.prompt_rows == PROMPT_ROWS
+    embedding = direct.model.get_input_embeddings()
+    assert isinstance(embedding, torch.nn.Embedding if tied else BlockEmbedding)
+    ids = torch.arange(64)
+    assert torch.equal(embedding(ids), exact.model.get_input_embeddings()(ids))
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6]
+    ours, theirs, float_logits = (fresh_logits(m, tokens, len(tokens)) for m in (direct, reference, exact))
+    scale = float_logits.abs().max()
+    # both run int8 activations through the same kernel; their weights differ by float16 rounding only
+    assert (ours - float_logits).abs().max() < 0.05 * scale and (ours - theirs).abs().max() < 0.05 * scale
+
+
+def test_rounded_layers_are_the_float_paths_bit_for_bit(tmp_path):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    direct = load_model(str(path), "draft", linear_backend="int4-rounded")
+    reference = float_path(path, "int4-rounded")
+    assert direct.linear_kernel == reference.linear_kernel and "rounded" in direct.linear_kernel
+    ours, theirs = layers(direct), layers(reference)
+    for name in ("model.layers.0.self_attn.v_proj", "model.layers.1.mlp.up_proj", "model.layers.1.mlp.down_proj",
+                 "lm_head"):  # Q8_0, Q5_0, Q6_K and the Q8_0 head, rounded to 4 bits by `grid_4bit` in both
+        assert isinstance(ours[name], Int4Linear) and torch.equal(ours[name].packed, theirs[name].packed), name
+
+
+def test_the_protocol_is_exact_on_a_direct_model(tmp_path):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+
+    model, other = (load_model(str(path), "target", linear_backend="int4") for _ in range(2))
+    after_rollback, expected, stale = rollback_case(model)
+    assert torch.equal(after_rollback, expected) and not torch.equal(stale, expected)
+    for row, plain in tree_case(model, lambda: other, [5, 9, 13, 2, 7], cached=4):
+        assert torch.equal(row, plain)
+
+
+def test_prompt_copies_are_built_on_the_first_long_forward(tmp_path):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    model = load_model(str(path), "target", linear_backend="int4")
+    copies = [layer.prompt_linear for layer in layers(model).values() if layer.prompt_linear is not None]
+    assert len(copies) == 2 * len(LAYER_TYPES)  # every decoder linear, not the LM head
+    assert all(isinstance(c, LazyPromptCopy) and c._layer is None for c in copies)
+    fresh_logits(model, [i % 60 for i in range(PROMPT_ROWS)], 1)  # no copy runs at the threshold itself
+    assert all(c._layer is None for c in copies)
+    fresh_logits(model, [i % 60 for i in range(PROMPT_ROWS + 1)], 1)
+    assert all(c._layer is not None for c in copies)
+    layer = layers(model)["model.layers.0.self_attn.q_proj"]
+    x = torch.randn(PROMPT_ROWS + 5, 256, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(layer(x), prompt_layer(layer.dequantized(), layer.prompt_linear._bias)(x))
+
+
+def test_damaged_and_unsupported_files_are_one_line_errors(tmp_path):
+    truncated = write_tiny_gguf(tmp_path / "truncated.gguf")
+    truncated.write_bytes(truncated.read_bytes()[:-4096])
+    unreadable = write_tiny_gguf(tmp_path / "q8_1.gguf", types={"ffn_up": GGML.Q8_1})
+    for path, words in [(truncated, ["truncated"]), (unreadable, ["blk.0.ffn_up.weight", "Q8_1"])]:
+        with pytest.raises(ModelFilesError) as info:
+            load_model(str(path), "target", linear_backend="int4")
+        message = str(info.value)
+        assert "\n" not in message and str(path) in message and all(w in message for w in words), message
+
+
+def test_an_architecture_not_built_from_blocks_is_named(tmp_path):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    assert gguf_direct.direct_support(path) is None
+    other = tmp_path / "other.gguf"
+    other.write_bytes(path.read_bytes().replace(b"qwen2", b"qwen9"))  # same lengths: a well-formed "qwen9" file
+    assert "qwen9" in gguf_direct.direct_support(other)
+    with pytest.raises(ConfigError, match="qwen9"):
+        gguf_direct.load_gguf_model(other, tmp_path)
+
+
+def test_the_tokenizer_and_config_are_read_once_and_rebuilt_when_damaged(tmp_path, monkeypatch):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    folder = gguf_direct.model_files(path)
+    assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
+    reads = []
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda *a, **k: reads.append(a) or 1 / 0)
+    assert gguf_direct.model_files(path) == folder and not reads  # cached: transformers is not asked again
+    monkeypatch.undo()
+    monkeypatch.setattr(gguf_direct, "cache_dir", lambda: tmp_path / "cache")
+    (folder / "tokenizer.json").write_text("{}")  # another size than its manifest records
+    assert gguf_direct.model_files(path) == folder
+    assert load_model(str(path), "target", linear_backend="int4").tokenizer.get_vocab()["ab"] == 28

@@ -1,0 +1,258 @@
+"""A GGUF model built straight into the int4 path's kernel layers: no float32 copy of the model, no grid search.
+
+Why: the int4 path used to load a float32 copy of the GGUF (6 GB for the 1.5B target, converted once) and search
+every linear for the 4-bit grid its weights came from (`verispec.models.int4.grid_4bit`): minutes per load. Here
+each linear is built from its own GGUF tensor (`verispec.models.gguf_blocks`), one at a time, into the layer the
+float path would give it (`verispec.models.gguf_layers.kernel_layer`):
+  - 4-bit blocks (Q4_0, Q4_1, Q4_K) give the kernel's levels, scale and offset as they are (`Int4Linear`);
+  - any other type is dequantised to a transient float32 tensor: int8 per row, or rounded to 4 bits on
+    "int4-rounded".
+Norms and biases are float32; the embedding stays in its blocks (`BlockEmbedding`) unless the LM head shares it.
+The LM head stays a float layer until `quantize_head` (after `HFCausalLM` may have sliced it to a draft's reduced
+head). What differs from the float path: a 4-bit layer's scale and offset are the GGUF's (d * sc and -dmin * m)
+rounded to float16, where the float path rounds the grid it recovered (the group's minimum and range): both are the
+same grid up to that rounding; and prompt copies are built on first use from the weights the kernel computes with.
+
+The transformers model is created on the meta device (no float weights allocated or initialised) from a config
+cached once per GGUF with its tokenizer (`model_files`: transformers reads both from the GGUF's metadata, which takes
+seconds for a 150k-token vocabulary). Architectures: qwen2 and llama (llama.cpp stores llama's Q and K rows in
+another order, which transformers undoes: the same row permutation is applied to the levels here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import torch
+
+from verispec.errors import ConfigError, ModelFilesError
+from verispec.models.cache import cache_dir
+from verispec.models.gguf_blocks import FOUR_BIT, GGML, dequantize, four_bit_levels, readable
+from verispec.models.gguf_file import GGUFFile, TensorEntry, type_name
+from verispec.models.gguf_layers import COUNTS, BlockEmbedding, add_counts, kernel_layer
+from verispec.models.int4 import use_int4_linears
+from verispec.models.manifest import (
+    cache_lock,
+    file_manifest,
+    manifest_problem,
+    publish_folder,
+    read_marker,
+    scratch_folder,
+    write_marker,
+)
+from verispec.models.quantized import replace_linears
+
+ARCHITECTURES = ("qwen2", "llama")  # GGUF `general.architecture` values built here
+FILES_LAYOUT = 1  # bump when what `model_files` writes changes: older folders are rebuilt
+
+
+def direct_support(path: str | Path) -> str | None:
+    """Return None when the GGUF at `path` can be built here, else why not (its architecture). Reads the header
+    only; raises ModelFilesError for a file that is no GGUF, is truncated, or holds a tensor type neither verispec
+    nor the gguf package decodes."""
+    return _support(GGUFFile(path))
+
+
+def _support(source: GGUFFile) -> str | None:
+    if source.architecture not in ARCHITECTURES:
+        return f"architecture {source.architecture!r} (built directly: {', '.join(ARCHITECTURES)})"
+    for entry in source.tensors.values():
+        if entry.nbytes == 0 or not readable(entry.ggml_type):
+            raise ModelFilesError(f"tensor {entry.name} of {source.path} has type {type_name(entry)}, which neither "
+                                  f"verispec nor the gguf package can decode")
+    return None
+
+
+def file_key(path: Path) -> str:
+    """A cache key for a user's GGUF file: its resolved path, size and modification time (hashing GBs would cost
+    seconds per load; a file replaced in place gets a new mtime)."""
+    stat = path.stat()
+    return hashlib.sha256(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()
+
+
+def model_files(path: str | Path, key: str | None = None, progress: bool = True) -> Path:
+    """Return a cached folder holding the config.json, generation_config.json and tokenizer files of the GGUF at
+    `path`, read from its metadata by transformers the first time (then reused). `key`: what identifies the file's
+    contents (the default pair's sha256); by default `file_key`. Written whole or not at all (a scratch folder
+    renamed into place, under a file lock), and rebuilt when a file's size differs from its manifest."""
+    path = Path(path).expanduser()
+    key = key or file_key(path)
+    folder = cache_dir() / "gguf-meta" / key[:32]
+    if _whole(folder):
+        return folder
+    with cache_lock(cache_dir() / "locks" / f"gguf-meta-{key[:32]}.lock", f"the tokenizer of {path.name}"):
+        if _whole(folder):  # another process built it while we waited
+            return folder
+        if progress:
+            print(f"verispec: reading the tokenizer and config of {path.name} (once; cached in {folder})",
+                  file=sys.stderr)
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        scratch = scratch_folder(folder)
+        try:
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+                config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+            except (OSError, ValueError, KeyError) as exc:
+                raise ModelFilesError(f"cannot read the tokenizer and config of {path}: {exc}") from exc
+            config.save_pretrained(scratch)
+            GenerationConfig.from_model_config(config).save_pretrained(scratch)
+            tokenizer.save_pretrained(scratch)
+            write_marker(scratch, {"source": str(path), "key": key, "layout": FILES_LAYOUT,
+                                   "files": file_manifest(scratch)})
+            publish_folder(scratch, folder)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return folder
+
+
+def _whole(folder: Path) -> bool:
+    marker = read_marker(folder)
+    return (marker is not None and marker.get("layout") == FILES_LAYOUT and "files" in marker
+            and manifest_problem(folder, marker["files"]) is None)
+
+
+@dataclass
+class GGUFModel:
+    """A transformers CausalLM built from GGUF blocks, with what `quantize_head` and the outputs need."""
+
+    model: Any  # every decoder linear a kernel layer; the output layer still float
+    tokenizer: Any
+    counts: dict[str, int]  # the decoder's layers per kind, as `use_int4_linears` counts them
+    head_type: GGML  # how the GGUF stores the output layer (the embedding's type where the two are tied)
+
+
+def load_gguf_model(path: str | Path, files: Path, round_to_4bit: bool = False, prompt: str = "auto") -> GGUFModel:
+    """Build the GGUF model at `path` (qwen2 or llama) with the config and tokenizer in `files` (`model_files`):
+    every decoder linear a kernel layer, the LM head still float (see `quantize_head`). `round_to_4bit`: the
+    "int4-rounded" backend. `prompt`: the prompt copies' format (`verispec.models.prompt_linear`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    weights = _Weights(GGUFFile(path))
+    if (reason := _support(weights.source)) is not None:
+        raise ConfigError(f"{path}: verispec builds no {reason} from GGUF blocks; use --linear-backend onednn")
+    config = AutoConfig.from_pretrained(str(files))
+    weights.map_names(config)
+    with torch.device("meta"):  # no float weights allocated or initialised: the GGUF's replace them
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config = GenerationConfig.from_pretrained(str(files))
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = getattr(config, "tie_word_embeddings", False)  # the GGUF has no output.weight: the head reads the table
+    if not tied:
+        tensor, entry = weights.entry_of("model.embed_tokens.weight")
+        model.set_input_embeddings(BlockEmbedding(weights.source.raw(tensor), entry.ggml_type, entry.shape))
+    for name, param in list(model.named_parameters()):
+        owner, attr = name.rsplit(".", 1)
+        module = model.get_submodule(owner)
+        if module is head and attr == "weight" and tied:
+            continue
+        if isinstance(module, torch.nn.Linear) and attr == "weight" and module is not head:
+            value = param.new_empty(module.out_features, 0, device="cpu")  # built from its blocks below
+        else:
+            value = weights.float(name)
+        setattr(module, attr, torch.nn.Parameter(value, requires_grad=False))
+    if tied:  # one float table: the embedding's lookups and the head's rows, as a float model has it
+        head.weight = embedding.weight
+    _rebuild_buffers(model)
+    counts = dict.fromkeys(COUNTS, 0)
+    names = {module: name for name, module in model.named_modules()}
+
+    def make(module: torch.nn.Linear) -> Any:
+        name = names[module]
+        layer, kinds = kernel_layer(module, lambda: weights.float(f"{name}.weight"), weights.levels(f"{name}.weight"),
+                                    round_to_4bit, prompt)
+        add_counts(counts, kinds)
+        return layer
+
+    replace_linears(model.model, make)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    if left:
+        raise ModelFilesError(f"the GGUF file {path} has no tensor for {left[0]}")
+    head_name = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    return GGUFModel(model.eval(), AutoTokenizer.from_pretrained(str(files)), counts,
+                     weights.entry_of(head_name)[1].ggml_type)
+
+
+def quantize_head(model: Any, head_type: GGML, round_to_4bit: bool = False) -> dict[str, int]:
+    """Route the float output layer of `model` (an `HFCausalLM` over a `GGUFModel`, whose head it may have sliced
+    to a reduced draft head) as `use_int4_linears` routes an LM head (no prompt copy: a prompt's forward reads its
+    last row only); return its layers' counts. A head stored in 4-bit blocks (or tied to such an embedding) takes
+    the float path's grid search, since its float rows are all there is of it by now."""
+    head = model.model.get_output_embeddings()
+    if head_type in FOUR_BIT:
+        return use_int4_linears(head, lm_head=head, round_to_4bit=round_to_4bit)
+    counts = dict.fromkeys(COUNTS, 0)
+
+    def make(module: torch.nn.Linear) -> Any:
+        layer, kinds = kernel_layer(module, lambda: module.weight, None, round_to_4bit, prompt=None)
+        add_counts(counts, kinds)
+        return layer
+
+    replace_linears(head, make, lm_head=head)
+    return counts
+
+
+class _Weights:
+    """The GGUF tensors behind a transformers model's parameters (names mapped by gguf's own tables)."""
+
+    def __init__(self, source: GGUFFile) -> None:
+        self.source = source
+        self.config: Any = None
+        self.names: Any = None
+
+    def map_names(self, config: Any) -> None:
+        """Map the parameters of a model of `config` (its layer count and heads) to the file's tensors."""
+        arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == self.source.architecture)
+        self.config, self.names = config, gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+
+    def entry_of(self, name: str) -> tuple[str, TensorEntry]:
+        """Return (GGUF tensor name, its entry) of the transformers parameter `name`."""
+        module, suffix = name.rsplit(".", 1)
+        mapped = self.names.get_name(module)
+        tensor = f"{mapped}.{suffix}" if mapped is not None else None
+        if tensor not in self.source.tensors:
+            raise ModelFilesError(f"the GGUF file {self.source.path} has no tensor for {name}"
+                                  + (f" ({tensor})" if tensor else ""))
+        return tensor, self.source.tensors[tensor]
+
+    def rows(self, tensor: str) -> torch.Tensor | None:
+        """The row order transformers gives a llama Q or K projection (llama.cpp interleaves each head's rotary
+        halves), as an index into the stored rows; None for every other tensor."""
+        if self.source.architecture != "llama" or not any(p in tensor for p in (".attn_q.", ".attn_k.")):
+            return None
+        heads = self.config.num_attention_heads if ".attn_q." in tensor else self.config.num_key_value_heads
+        rows = self.source.tensors[tensor].shape[0]
+        return torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
+
+    def float(self, name: str) -> torch.Tensor:
+        """The float32 value of parameter `name`."""
+        tensor, entry = self.entry_of(name)
+        value = dequantize(self.source.raw(tensor), entry.ggml_type, entry.shape)
+        order = self.rows(tensor)
+        return value[order] if order is not None else value
+
+    def levels(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The (q, scale, offset) of parameter `name` where the file stores it in 4-bit blocks, else None."""
+        tensor, entry = self.entry_of(name)
+        if entry.ggml_type not in FOUR_BIT:
+            return None
+        levels = four_bit_levels(self.source.raw(tensor), entry.ggml_type, entry.shape)
+        order = self.rows(tensor)
+        return tuple(part[order] for part in levels) if order is not None else levels
+
+
+def _rebuild_buffers(model: Any) -> None:
+    """Recompute the buffers a meta-device model holds no values for: the rotary embedding's inverse frequencies
+    (not stored in checkpoints; transformers computes them at construction, from the config)."""
+    for name, module in list(model.named_modules()):
+        if any(b.device.type == "meta" for b in module.buffers(recurse=False)):
+            if not type(module).__name__.endswith("RotaryEmbedding"):
+                raise ConfigError(f"cannot rebuild the buffers of {name} ({type(module).__name__}) off the meta device")
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner) if owner else model, attr, type(module)(config=module.config))

@@ -1,0 +1,121 @@
+"""The int4 path's layers for a model built from GGUF blocks (`verispec.models.gguf_direct`): which kernel layer a
+linear gets, prompt copies built when first needed, and an embedding that decodes its rows from their blocks.
+
+Which layer: the decision `verispec.models.int4.use_int4_linears` makes on the float path, taken without its grid
+search where the GGUF type already answers it: 4-bit blocks are a 4-bit grid (`Int4Linear` from their levels), and
+5-, 6- and 8-bit blocks or float tensors are taken to lie on none (`Int8RowLinear`, or on "int4-rounded" the float
+path's rounding, `grid_4bit`). Shapes the kernel does not take go through `use_int4_linears` itself.
+
+Prompt copies: the float path builds each layer's prompt copy at load (`prompt_layer`: fbgemm's int8 prepack, about
+12 ns per weight here, 16 s for the 1.5B target on this 2-core machine: more than the rest of the load). Here a layer
+gets a `LazyPromptCopy`, built from the weights the layer computes with (`dequantized()`) on the first forward over
+more than `PROMPT_ROWS` tokens: the first long prompt pays it, shorter prompts and decoding never do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from verispec.models.gguf_blocks import dequantize
+from verispec.models.int4 import (
+    MAX_INT8_INPUTS,
+    ON_GRID,
+    Int4Linear,
+    Int8RowLinear,
+    fits_4bit,
+    grid_4bit,
+    use_int4_linears,
+)
+from verispec.models.prompt_linear import Bf16Linear, prompt_copy, prompt_format, prompt_layer
+from verispec.models.quantized import QuantizedLinear
+
+COUNTS = ("int4", "int8_rows", "int8", "int4_rounded")  # the layer kinds, as `use_int4_linears` counts them
+
+
+class LazyPromptCopy:
+    """A layer's prompt copy (`prompt_layer(weight, bias, choice)`), built on its first call from `weight()`."""
+
+    def __init__(self, weight: Callable[[], torch.Tensor], bias: torch.Tensor | None, choice: str) -> None:
+        self._weight, self._bias, self._choice = weight, bias, choice
+        self._layer: QuantizedLinear | Bf16Linear | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return x W^T + b from the copy, building it first if this is its first call."""
+        if self._layer is None:
+            self._layer = prompt_layer(self._weight(), self._bias, self._choice)
+            self._weight = None  # the layer's own weights stay reachable through the layer, not through this
+        return self._layer(x)
+
+    def describe(self) -> str:
+        """Return what reads prompts through this copy."""
+        return prompt_copy(self._choice)
+
+
+class _LazyBf16Copy(LazyPromptCopy, Bf16Linear):
+    """A lazy copy in bfloat16: a Bf16Linear by class, because the kernel layers name their prompt copy's format by
+    its class (`KernelLinear._prompts`); every call goes to `LazyPromptCopy`'s methods, first in the order."""
+
+
+def lazy_prompt_copy(layer: Int4Linear | Int8RowLinear, bias: torch.Tensor | None, choice: str = "auto"
+                     ) -> LazyPromptCopy:
+    """Return the prompt copy of `layer`, to be built from `layer.dequantized()` on its first call."""
+    kind = _LazyBf16Copy if prompt_format(choice) == "bf16" else LazyPromptCopy
+    return kind(layer.dequantized, bias, choice)
+
+
+def kernel_layer(module: torch.nn.Linear, weight: Callable[[], torch.Tensor], levels: tuple | None = None,
+                 round_to_4bit: bool = False, prompt: str | None = "auto") -> tuple[Any, dict[str, int]]:
+    """Return (the int4 path's layer for the linear `module`, its count per kind). `weight()`: its float32 weight
+    (called only where needed); `levels`: its (q, scale, offset) where the GGUF stores it in 4-bit blocks.
+    `prompt`: the prompt copy's format, None for no copy (an LM head reads one row per prompt)."""
+    counts = dict.fromkeys(COUNTS, 0)
+    if fits_4bit(module) and levels is not None:
+        layer, counts["int4"] = Int4Linear(*levels, module.bias), 1
+    elif fits_4bit(module) and round_to_4bit:
+        q, scale, offset, share = grid_4bit(weight())
+        layer, counts["int4"] = Int4Linear(q, scale, offset, module.bias), 1
+        counts["int4_rounded"] = int(share < ON_GRID)
+    elif fits_4bit(module) and module.in_features <= MAX_INT8_INPUTS:
+        layer, counts["int8_rows"] = Int8RowLinear(weight(), module.bias), 1
+    else:  # a shape the kernel does not take: the float path's own layer (fbgemm), prompt copy included
+        single = torch.nn.Linear(module.in_features, module.out_features, bias=False, device="meta")
+        single.weight = torch.nn.Parameter(weight(), requires_grad=False)
+        single.bias = module.bias
+        counts = use_int4_linears(single, lm_head=single if prompt is None else None, prompt=prompt or "auto",
+                                  round_to_4bit=round_to_4bit)
+        return single.quantized, counts
+    if prompt is not None:
+        layer.prompt_linear = lazy_prompt_copy(layer, module.bias, prompt)
+    return layer, counts
+
+
+class BlockEmbedding(torch.nn.Module):
+    """A token embedding kept in its GGUF blocks: a lookup decodes only the rows it reads (`dequantize`, bit for bit
+    the float table's rows). Why: the float table of a 151,936-token vocabulary is 0.9 GB for a 1536-wide model and
+    seconds to decode, for the few rows a forward reads."""
+
+    def __init__(self, blocks: torch.Tensor, ggml_type: Any, shape: tuple[int, int]) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = shape
+        self.ggml_type = ggml_type
+        # [vocab, bytes per row] uint8; a buffer, not a parameter: no weights of its own to count or move
+        self.register_buffer("blocks", blocks.reshape(self.num_embeddings, -1).clone(), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Return the float32 rows [..., dim] of token `ids` [...]."""
+        rows = self.blocks.index_select(0, ids.reshape(-1))
+        return dequantize(rows, self.ggml_type, (rows.shape[0], self.embedding_dim)).reshape(*ids.shape, -1)
+
+
+def add_counts(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
+    """Add `more` to `total` in place; return it."""
+    for kind in COUNTS:
+        total[kind] += more.get(kind, 0)
+    return total
+
