@@ -21,6 +21,14 @@ constexpr int kHalf = kRows / 2;  // rows per 256-bit vector of int32 / float32
 
 inline __m256i broadcast4(const int8_t* x) { return _mm256_set1_epi32(load32(x)); }
 
+// `v` as it is, through an empty asm the compiler cannot see into. Why: g++ reassociates a chain of wrapping integer
+// adds into a tree, which keeps every product of a group live at once: more than 16 registers from 3 tokens on (the
+// 8-token tile spilled 110 vectors). A chain keeps one sum per token.
+inline __m256i chained(__m256i v) {
+  asm("" : "+x"(v));
+  return v;
+}
+
 #if VERISPEC_ISA_LEVEL == 2
 // u8 x s8 products summed 4 to a 32-bit lane: AVX-VNNI's VEX form where the CPU has it, else (an AVX-512 host
 // testing this level) the EVEX form of the same instruction on the same 256-bit vectors.
@@ -43,7 +51,7 @@ struct Dot4 {
 struct Dot8 {
   __m256i sum = _mm256_setzero_si256();
   static __m256i prepare(__m256i w) { return w; }
-  static __m256i activations(const int8_t* x) { return _mm256_set1_epi32(load32(x) ^ static_cast<int32_t>(0x80808080u)); }
+  static __m256i activations(__m256i x) { return _mm256_xor_si256(x, _mm256_set1_epi8(-128)); }  // xq + 128, u8
   void add(__m256i prepared, __m256i, __m256i x) { sum = dpbusd(sum, x, prepared); }
 };
 constexpr int32_t kShift8 = 128;  // 128 x the row's weight sum comes off after
@@ -52,7 +60,7 @@ struct Dot4 {
   // Each int16 lane of vpmaddubsw is 2 products, |.| <= 2 * 15 * 127 = 3810; a group's 8 of them (4 vectors, low
   // and high nibbles) summed in int16: |.| <= 8 * 3810 = 30480 < 32767, exact, then one vpmaddwd per group.
   __m256i sum = _mm256_setzero_si256();
-  void add(__m256i w, __m256i x) { sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(w, x)); }
+  void add(__m256i w, __m256i x) { sum = chained(_mm256_add_epi16(sum, _mm256_maddubs_epi16(w, x))); }
   __m256i total() const { return _mm256_madd_epi16(sum, _mm256_set1_epi16(1)); }
 };
 
@@ -62,10 +70,10 @@ struct Dot8 {
   // vpmaddwd with ones takes each pair to int32 before the next is added.
   __m256i sum = _mm256_setzero_si256();
   static __m256i prepare(__m256i w) { return _mm256_abs_epi8(w); }
-  static __m256i activations(const int8_t* x) { return broadcast4(x); }
+  static __m256i activations(__m256i x) { return x; }
   void add(__m256i prepared, __m256i w, __m256i x) {
     const __m256i pairs = _mm256_maddubs_epi16(prepared, _mm256_sign_epi8(x, w));
-    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    sum = chained(_mm256_add_epi32(sum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))));
   }
 };
 constexpr int32_t kShift8 = 0;  // the sums are xq * w already
@@ -85,7 +93,8 @@ inline float quantize_row(const float* row, int64_t K, int8_t* out, float* sums)
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t g = 0; g < K / kGroup; ++g) {
     __m256i q[4];
-    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(row + g * kGroup + 8 * i), inv));
+    for (int i = 0; i < 4; ++i)
+      q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(row + g * kGroup + 8 * i), inv));
     const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + g * kGroup), _mm256_permutevar8x32_epi32(bytes, order));
     const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
@@ -145,13 +154,23 @@ inline void tile8(const uint8_t* quad, int64_t C, const int8_t* xq, int64_t K, i
   for (int64_t c = 0; c < C; ++c) {
     const uint8_t* chunk = quad + c * kQuadChunk8;
     prefetch(chunk, RB * kCell8);
+    // The chunk's activations as the products take them, so that each broadcast is one load. The halves read them
+    // through `xs`, which the compiler cannot see is xc: else it keeps all 8 x TT broadcasts of the chunk live across
+    // the halves, more than the 16 registers (the 8-token tile spilled 60 vectors).
+    alignas(32) int8_t xc[TT][kGroup];
+    for (int t = 0; t < TT; ++t) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * K + c * kGroup));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(xc[t]), Dot8::activations(x));
+    }
     for (int r = 0; r < RB; ++r)
       for (int h = 0; h < 2; ++h) {
+        const int8_t* xs = xc[0];
+        asm("" : "+r"(xs));
         Dot8 dot[TT];
         for (int p = 0; p < 8; ++p) {
           const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + r * kCell8 + 64 * p + 32 * h));
           const __m256i prepared = Dot8::prepare(w);
-          for (int t = 0; t < TT; ++t) dot[t].add(prepared, w, Dot8::activations(xq + t * K + c * kGroup + 4 * p));
+          for (int t = 0; t < TT; ++t) dot[t].add(prepared, w, broadcast4(xs + t * kGroup + 4 * p));
         }
         for (int t = 0; t < TT; ++t) {
           __m256i* out = reinterpret_cast<__m256i*>(acc + (r * TT + t) * kRows + kHalf * h);
