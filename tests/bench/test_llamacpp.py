@@ -325,6 +325,34 @@ def test_bench_runs_the_llamacpp_peers_interleaved(cache, gguf, tiny_pair, one_t
     assert set(LLAMACPP_PEERS) == {"llamacpp-generate", "llamacpp-speculative"}
 
 
+def test_bench_runs_each_peer_on_the_build_its_label_names(cache, gguf, tiny_pair, one_thread):
+    binaries = {isa: _install_binary(STAND_IN, isa) for isa in ("native", "avx2")}
+    methods = ["llamacpp-generate", "llamacpp-generate:isa=avx2", "llamacpp-speculative:isa=avx2,gamma=2"]
+    config = BenchConfig(target=str(gguf), draft=str(gguf), methods=methods, max_new_tokens=4, warmup_tokens=0,
+                         bootstrap_resamples=10)
+    result = run_bench(config, out_path=None, decoder=Decoder(tiny_pair["target"], tiny_pair["partial"]),
+                       prompts=PROMPTS[:1], progress=False)
+    records = {r["method"]: r for r in result["records"]}
+    assert [records[label]["llamacpp"]["isa"] for label in methods] == ["native", "avx2", "avx2"]
+    assert records["llamacpp-speculative:isa=avx2,gamma=2"]["config"]["gamma"] == 2
+    assert set(result["versions"]["llama.cpp"]["builds"]) == {"native", "avx2"}
+    started = {isa: len((b.parent / "pids").read_text().split()) for isa, b in binaries.items()}
+    assert started == {"native": 1, "avx2": 2}  # one server per peer and build
+
+
+def test_a_bench_with_an_unbuilt_isa_refuses_before_loading_any_model(cache, gguf, monkeypatch):
+    _install_binary(STAND_IN)
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the check")
+
+    monkeypatch.setattr("verispec.bench.runner.Decoder", no_loading)
+    config = BenchConfig(methods=["llamacpp-generate", "llamacpp-generate:isa=avx2"], target=str(gguf),
+                         warmup_tokens=0)
+    with pytest.raises(ConfigError, match=r"make peers ISA=avx2"):
+        run_bench(config, out_path=None, prompts=[Prompt("p0", "def f():")], progress=False)
+
+
 def test_servers_stop_when_the_run_is_interrupted(cache, gguf, tiny_pair, one_thread, monkeypatch):
     binary = _install_binary(STAND_IN)
 

@@ -86,3 +86,11 @@ def test_a_results_file_that_predates_a_setting_resumes_as_its_default(tmp_path)
     assert load_resumable(path, config, [Prompt("a", "a")]) == ([], [])
     with pytest.raises(ConfigError, match="stop_at_function_end"):
         load_resumable(path, BenchConfig(methods=["ar"], stop_at_function_end=True), [Prompt("a", "a")])
+
+
+def test_a_llamacpp_peers_build_is_its_own_setting_not_a_decode_setting():
+    known = {"sd", "llamacpp-generate", "llamacpp-speculative"}
+    assert parse_method("llamacpp-generate:isa=avx2", known).overrides == {}
+    assert parse_method("llamacpp-speculative:isa=avx2,gamma=4", known).overrides == {"gamma": 4}
+    with pytest.raises(ConfigError, match="bad setting 'isa=avx2'"):
+        parse_method("sd:isa=avx2", known)

@@ -131,7 +131,7 @@ def decode_one(decoder: Decoder, config: BenchConfig, method: str, prompt: Promp
     if name in LLAMACPP_PEERS:
         if llamacpp is None:
             raise ConfigError(f"{method} needs the llama.cpp peers' servers (run it through run_bench)")
-        return llamacpp_generate(llamacpp, decoder, prompt.text, name, settings, config.chat_template)
+        return llamacpp_generate(llamacpp, decoder, prompt.text, method, settings, config.chat_template)
     if name in PEERS:
         return peer_generate(peer_decoder or decoder, prompt.text, name, settings, config.chat_template)
     problem = execution_problem(prompt) if config.stop_at_function_end else None
@@ -224,8 +224,7 @@ def run_bench(
         check_writable(archive_path, "the archive")
     if not any(config.variant(m).name in LLAMACPP_PEERS for m in config.methods):
         return _run_bench(config, out_path, decoder, prompts, progress, resume, archive_path, None)
-    with LlamaCppPeers([config.variant(m).name for m in config.methods], config.target, config.draft,
-                       torch.get_num_threads()) as llamacpp:
+    with LlamaCppPeers(list(config.methods), config.target, config.draft, torch.get_num_threads()) as llamacpp:
         return _run_bench(config, out_path, decoder, prompts, progress, resume, archive_path, llamacpp)
 
 

@@ -26,6 +26,9 @@ OVERRIDES = {"gamma": int, "paths": int, "tau": float, "cap": int, "drafter": st
              "ngram_gamma": int, "hybrid_catchup": float, "draft_vocab": int, "draft_confidence": float,
              "adaptive_gamma": _flag,
              **{name: type(getattr(RelaxedKnobs, name)) for name in RelaxedKnobs.__dataclass_fields__}}
+# A peer's own settings, kept out of the decode settings: the llama.cpp build a llama.cpp peer runs
+# (`llamacpp-generate:isa=avx2`; verispec.bench.llamacpp.peer_build reads and checks it).
+PEER_SETTINGS = {"llamacpp-generate": ("isa",), "llamacpp-speculative": ("isa",)}
 # The lossy rules' knobs by their short names after the rule (verify/relaxed.py): short name -> DecodeConfig field.
 KNOB_NAMES = {
     "typical": {"epsilon": "typical_epsilon", "delta": "typical_delta"},
@@ -53,9 +56,11 @@ def parse_method(label: str, known: set[str] | list[str]) -> MethodVariant:
     short = KNOB_NAMES.get(name, {})
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
+        if eq and key in PEER_SETTINGS.get(name, ()):
+            continue
         key = short.get(key, key)
         if not eq or key not in OVERRIDES:
-            keys = ", ".join([*short, *OVERRIDES])
+            keys = ", ".join([*short, *PEER_SETTINGS.get(name, ()), *OVERRIDES])
             raise ConfigError(f"bad setting {item!r} in {label!r}: write key=value with key in {keys}")
         try:
             overrides[key] = OVERRIDES[key](value)
