@@ -35,7 +35,8 @@ def test_greedy_sd_equals_ar(tiny_pair, tokenizer, drafter, gamma):
 def test_acceptance_reflects_how_much_the_drafter_agrees(tiny_pair, tokenizer):
     rates = {}
     for drafter in ("same", "unrelated", "partial"):
-        out = Engine(tiny_pair["target"], tiny_pair[drafter]).decode(ids(tokenizer), DecodeConfig("sd", gamma=4))
+        config = DecodeConfig("sd", gamma=4, drafter="model")
+        out = Engine(tiny_pair["target"], tiny_pair[drafter]).decode(ids(tokenizer), config)
         rates[drafter] = out.trace.acceptance_rate
     assert rates["same"] == 1.0
     assert rates["unrelated"] < 0.2

@@ -70,7 +70,8 @@ def test_a_context_head_accepts_what_the_context_repeats(tiny_pair, tokenizer):
     for context in (False, True):
         draft = HFCausalLM(copy.deepcopy(tiny_pair["target"].model), tokenizer, vocab_ids=keep, context_vocab=context)
         out = Engine(tiny_pair["target"], draft).decode(ids(tokenizer), DecodeConfig("sd", gamma=4, max_new_tokens=40,
-                                                                                        draft_vocab=len(keep)))
+                                                                                        draft_vocab=len(keep),
+                                                                                        drafter="model"))
         assert out.tokens == expected
         accepted[context] = sum(r.accepted for r in out.trace.rounds)
     repeated_odd = [t for i, t in enumerate(expected) if t % 2 and t not in keep and t in ids(tokenizer) + expected[:i]]

@@ -33,7 +33,9 @@ LOSSY = {
 
 
 def decode(engine, method, seed, **knobs):
-    return engine.decode([0, 1], DecodeConfig(method, gamma=4, max_new_tokens=40, sampling=WARM, seed=seed, **knobs))
+    # the model drafter throughout: the relaxed rules gate the draft model's tokens, and sd is their lossless end
+    config = DecodeConfig(method, gamma=4, max_new_tokens=40, sampling=WARM, seed=seed, drafter="model", **knobs)
+    return engine.decode([0, 1], config)
 
 
 def pair_engine() -> Engine:
