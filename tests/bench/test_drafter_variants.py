@@ -43,4 +43,4 @@ def test_transformers_prompt_lookup_peer(tiny_pair, tokenizer):
     rounds = peer.trace.rounds
     assert sum(r.emitted for r in rounds) == len(peer.tokens) and all(0 <= r.drafted <= 3 for r in rounds)
     assert any(r.drafted for r in rounds) and peer.trace.draft_calls == 0
-    assert DecodeConfig.drafter == "model"
+    assert DecodeConfig.drafter is None  # the peer left the default (each method's own) alone

@@ -26,7 +26,7 @@ def test_cli_flags_parse_into_the_decode_config(monkeypatch, capsys):
     assert (config.method, config.drafter, config.ngram_min, config.ngram_max, config.draft_vocab,
             config.hybrid_catchup) == ("bv", "hybrid", 1, 5, 8192, 0.5)
     assert main(["generate", "hi"]) == 2
-    assert seen["config"].drafter == DecodeConfig.drafter and seen["config"].draft_vocab is None
+    assert seen["config"].drafter == DecodeConfig().drafter and seen["config"].draft_vocab is None
 
 
 @pytest.mark.parametrize(

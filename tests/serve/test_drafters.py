@@ -50,7 +50,9 @@ def test_greedy_lookup_drafters_equal_ar_and_run_as_asked(server, decoder, metho
     assert stats["draft_calls"] == offline.trace.draft_calls and stats["drafted_tokens"] == drafted(offline)
     if drafter == "ngram":
         assert stats["draft_calls"] == 0  # prompt lookup runs no draft model
-    assert complete(server, temperature=0, verispec={"method": method})["verispec"]["draft_calls"] > 0
+    # the next request without a drafter gets its method's default, not this request's
+    assert complete(server, temperature=0, verispec={"method": method})["verispec"]["drafter"] == \
+        DecodeConfig(method=method).drafter
 
 
 def test_ngram_gamma_reaches_the_engine(server, decoder):
@@ -63,13 +65,16 @@ def test_ngram_gamma_reaches_the_engine(server, decoder):
 
 def test_draft_confidence_at_temperature_1_ends_drafts_early(server, decoder):
     kwargs = {"temperature": 1.0, "seed": 7}
-    answer = complete(server, **kwargs, verispec={"draft_confidence": 0.5})
+    answer = complete(server, **kwargs, verispec={"draft_confidence": 0.5, "drafter": "model"})
+    kwargs["drafter"] = "model"  # every round drafted by the model (the hybrid's lookup rounds have no q to stop on)
     offline = decoder.generate(PROMPT, chat_template=False, max_new_tokens=20, draft_confidence=0.5, **kwargs)
     assert answer["choices"][0]["text"] == offline.text
     assert answer["verispec"]["drafted_tokens"] == drafted(offline)
     full = decoder.generate(PROMPT, chat_template=False, max_new_tokens=20, **kwargs)
     assert drafted(offline) / len(offline.trace.rounds) < drafted(full) / len(full.trace.rounds)
-    assert complete(server, **kwargs, verispec={"draft_confidence": 1})["verispec"]["drafted_tokens"] > 0
+    seeded = {"temperature": 1.0, "seed": 7}
+    assert complete(server, **seeded, verispec={"draft_confidence": 1, "drafter": "model"})["verispec"][
+        "drafted_tokens"] > 0
 
 
 def test_hybrid_catchup_reaches_the_engine(server, decoder):
@@ -140,8 +145,11 @@ def test_server_defaults_a_request_cannot_take_are_left_out_not_refused():
     assert (lookup.drafter, lookup.draft_vocab, lookup.draft_confidence) == ("ngram", None, None)
     ar = settings(parsed(verispec={"method": "ar"}), defaults).config  # drafts nothing
     assert (ar.method, ar.drafter, ar.draft_vocab, ar.draft_confidence) == ("ar", "model", None, None)
+    # hybrid is sd's own default, so it is no server choice: gbv gets its own (model); a real choice carries over
     multipath = settings(parsed(verispec={"method": "gbv"}), defaults).config
-    assert (multipath.drafter, multipath.draft_vocab, multipath.draft_confidence) == ("hybrid", 64, None)
+    assert (multipath.drafter, multipath.draft_vocab, multipath.draft_confidence) == ("model", 64, None)
+    lookup_server = defaults.with_settings(drafter="ngram", draft_vocab=None, draft_confidence=None)
+    assert settings(parsed(verispec={"method": "gbv"}), lookup_server).config.drafter == "ngram"
     # What the request itself asks for is never left out: it is refused when it does not fit.
     with pytest.raises(APIError, match="needs temperature > 0") as refused:
         settings(parsed(temperature=0.0, verispec={"draft_confidence": 0.3}), defaults)

@@ -46,6 +46,7 @@ class VerispecOptions(BaseModel):
     ngram_gamma: int | None = None
     hybrid_catchup: float | None = None
     draft_confidence: float | None = None
+    adaptive_gamma: bool | None = None
 
 
 class TextPart(BaseModel):
@@ -121,7 +122,7 @@ def parse(model: type[BaseModel], body: Any) -> Any:
 _TOP_LEVEL = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "max_new_tokens": "max_tokens"}
 # Server defaults that not every request can take: a request whose method, drafter or temperature rules one out
 # runs without it (as it would run on a server without it) instead of being refused for a setting it cannot change.
-_DEFAULTS_WHERE_THEY_FIT = ("drafter", "draft_vocab", "draft_confidence")
+_DEFAULTS_WHERE_THEY_FIT = ("drafter", "draft_vocab", "draft_confidence", "adaptive_gamma")
 
 
 def _param(message: str, given: set[str]) -> str | None:
@@ -148,8 +149,11 @@ def _decode_config(defaults: DecodeConfig, requested: dict[str, Any]) -> DecodeC
     # A request that names another method without K gets that method's default K (`with_settings`).
     fitted = {name: getattr(DecodeConfig, name) for name in _DEFAULTS_WHERE_THEY_FIT}  # fit every request
     config = defaults.with_settings(**(fitted | requested))
+    own = DecodeConfig(method=defaults.method)  # what the server's method takes when the server chose nothing
     for name in _DEFAULTS_WHERE_THEY_FIT:
-        if name not in requested and getattr(defaults, name) != getattr(config, name):
+        # a server default that is only its method's own default (sd's hybrid drafter) is no choice to carry over
+        chosen = getattr(defaults, name) != getattr(own, name)
+        if name not in requested and chosen and getattr(defaults, name) != getattr(config, name):
             try:
                 config = config.with_settings(**{name: getattr(defaults, name)})
             except ConfigError:
