@@ -26,9 +26,11 @@ pytestmark = pytest.mark.skipif(quantized_engine() is None, reason="this torch b
 
 
 @pytest.fixture(autouse=True)
-def metadata_cache(tmp_path, monkeypatch):
-    """Tokenizers and configs read from the test's GGUF files are cached under tmp_path, not the user's cache."""
-    monkeypatch.setattr(gguf_direct, "cache_dir", lambda: tmp_path / "cache")
+def metadata_cache(request, tmp_path, monkeypatch):
+    """Tokenizers and configs read from the test's GGUF files are cached under tmp_path, not the user's cache (the
+    default pair's slow tests use the user's, as every load does)."""
+    if request.node.get_closest_marker("slow") is None:
+        monkeypatch.setattr(gguf_direct, "cache_dir", lambda: tmp_path / "cache")
 
 
 def float_path(path, backend: str = "int4") -> HFCausalLM:
@@ -154,3 +156,49 @@ def test_the_tokenizer_and_config_are_read_once_and_rebuilt_when_damaged(tmp_pat
     (folder / "tokenizer.json").write_text("{}")  # another size than its manifest records
     assert gguf_direct.model_files(path) == folder
     assert load_model(str(path), "target", linear_backend="int4").tokenizer.get_vocab()["ab"] == 28
+
+
+# The embedded default pair (slow: it loads the real models, the float path from its float32 conversion).
+PAIR_PROMPT = "Write a Python function that returns the sum of the squares of a list of numbers."
+
+
+@pytest.fixture(scope="module")
+def default_pair_prompt():
+    from transformers import AutoTokenizer
+
+    from verispec.models.default_pair import TARGET, model_files
+    from verispec.models.pair import encode_prompt
+
+    return encode_prompt(AutoTokenizer.from_pretrained(str(model_files(TARGET))), PAIR_PROMPT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("role, backend", [("target", "int4"), ("draft", "int4-rounded")])
+def test_the_default_pair_from_its_blocks_computes_what_the_float_path_computes(role, backend,
+                                                                                 default_pair_prompt):
+    from verispec.models.default_pair import DEFAULT_PAIR, prepare
+
+    direct = load_model(None, role, linear_backend=backend)
+    model, tokenizer = load_pretrained(str(prepare(DEFAULT_PAIR[role])))
+    reference = HFCausalLM(model, tokenizer)
+    exact = fresh_logits(reference, default_pair_prompt, 8)
+    apply_linear_backend(reference, backend)
+    assert direct.linear_kernel == reference.linear_kernel
+    ours, theirs = (fresh_logits(m, default_pair_prompt, 8) for m in (direct, reference))
+    # The same kernels on weights that differ by the float16 rounding of 4-bit scales and offsets: the logits differ
+    # by much less than either differs from the float model, and name the same next tokens.
+    assert (ours - theirs).abs().max() < 0.5 * (theirs - exact).abs().max()
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+@pytest.mark.slow
+def test_greedy_sd_writes_ars_tokens_on_the_default_pair_from_its_blocks():
+    from verispec.api import Decoder
+
+    decoder = Decoder()  # auto: the GGUF pair from its blocks where the kernel has a vector path here
+    if decoder.model("target").linear_backend != "int4":
+        pytest.skip("auto picks no int4 path on this host")
+    assert decoder.model("draft").linear_backend == "int4-rounded"
+    ar = decoder.generate(PAIR_PROMPT, method="ar", max_new_tokens=48)
+    sd = decoder.generate(PAIR_PROMPT, method="sd", gamma=4, max_new_tokens=48)
+    assert sd.tokens == ar.tokens and sd.trace.acceptance_rate > 0.3

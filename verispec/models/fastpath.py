@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from verispec.errors import ConfigError
-from verispec.models.int4 import PROMPT_ROWS, use_int4_linears
+from verispec.models.int4 import ISA_NAMES, PROMPT_ROWS, use_int4_linears
 from verispec.models.prompt_linear import prompt_copy
 from verispec.models.quantized import quantized_engine, reduce_range_needed, use_int8_linears
 
@@ -27,10 +27,10 @@ QUANTIZED_BACKENDS = ("int8", "int4", "int4-rounded")  # every token computed on
 
 # What each backend runs, as the outputs report it (`model.linear_kernel`).
 KERNELS = {
-    "torch": "transformers' own linears (float weights)",
-    "onednn": "oneDNN, packed float weights",
+    "torch": "transformers' own linears ({dtype} weights)",
+    "onednn": "oneDNN, packed {dtype} weights",
     "int8": "int8 weights per channel (LM head included), per-token dynamic {bits} activations, fbgemm",
-    "int4": "4-bit weights per 32 inputs in {int4} linears and int8 per row in {int8_rows} (verispec's kernel; "
+    "int4": "4-bit weights per 32 inputs in {int4} linears and int8 per row in {int8_rows} (verispec's kernel, {isa}; "
     "prompts over 64 tokens on {prompt}), int8 per channel in {int8} (fbgemm), per-token dynamic {bits} "
     "activations",
 }
@@ -152,7 +152,7 @@ def apply_linear_backend(model: Any, backend: str) -> str:
     `model.linear_backend` (and what runs as `model.linear_kernel`) and return it: the backend actually in effect,
     "torch" off the CPU, for weights other than float32/bfloat16 (float64 test models), or where torch lacks the
     kernels. "auto" is resolved from the model's device and dtype as for a float model (`resolve_linear_backend`)."""
-    check_linear_backend(backend)
+    requested = check_linear_backend(backend)
     if backend == "auto":
         backend = float_backend(model.device, model.model.dtype)
     applied, counts = "torch", {}
@@ -166,7 +166,7 @@ def apply_linear_backend(model: Any, backend: str) -> str:
                                   round_to_4bit=backend == "int4-rounded")
         if sum(counts.values()) > 0:
             applied = backend
-    return record_linear_backend(model, applied, backend, counts)
+    return record_linear_backend(model, applied, requested, counts)
 
 
 def record_linear_backend(model: Any, applied: str, requested: str, counts: dict[str, int]) -> str:
@@ -185,8 +185,11 @@ def record_linear_backend(model: Any, applied: str, requested: str, counts: dict
     bits = "8-bit"
     if applied in QUANTIZED_BACKENDS and reduce_range_needed():
         bits = "7-bit (this CPU's int8 kernel adds in int16)"
-    model.linear_kernel = KERNELS[applied].format(bits=bits, prompt=prompt_copy(), **counts)
-    if applied != requested:
-        dtype = str(model.model.dtype).removeprefix("torch.")
+    isa = ISA_NAMES[kernel_isa()] if applied in ("int4", "int4-rounded") else ""
+    dtype = str(model.model.dtype).removeprefix("torch.")
+    model.linear_kernel = KERNELS[applied].format(bits=bits, prompt=prompt_copy(), isa=isa, dtype=dtype, **counts)
+    if requested == "auto":
+        model.linear_kernel += f" (auto's choice for {dtype} weights on {model.device})"
+    elif applied != requested:
         model.linear_kernel += f" ({requested} requested; not applicable to {dtype} weights on {model.device})"
     return applied

@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType as GGML
 from gguf.quants import dequantize as gguf_dequantize
 
 GROUP = 32  # weights per 4-bit scale and offset (and per block of the 32-weight types)
+CHUNK = 1 << 20  # weights decoded at a time by `dequantize` (4 MB of float32 output)
 K_SCALES = 12  # bytes of packed 6-bit scales and mins in a Q4_K / Q5_K super-block
 
 
@@ -169,10 +170,17 @@ def readable(ggml_type: GGML) -> bool:
 def dequantize(raw: torch.Tensor, ggml_type: GGML, shape: tuple[int, ...]) -> torch.Tensor:
     """Return the float32 tensor of logical `shape` stored in the bytes `raw` (uint8) as `ggml_type`. Raises
     NotImplementedError for a type neither verispec nor the gguf package can decode (`readable` says so)."""
-    if ggml_type in PLAIN:
-        return raw.contiguous().view(PLAIN[ggml_type]).float().reshape(shape)
+    if ggml_type in PLAIN:  # a copy even of float32: a view would keep the whole mapped file alive
+        return raw.contiguous().view(PLAIN[ggml_type]).to(torch.float32, copy=True).reshape(shape)
     if ggml_type in DECODERS:
-        return DECODERS[ggml_type](blocks_of(raw, ggml_type)).reshape(shape)
+        # In slices of about CHUNK weights: each decoder's temporaries (several per weight) then stay in cache
+        # instead of costing GBs for an LM head, and the output is written once.
+        blocks, size = blocks_of(raw, ggml_type), GGML_QUANT_SIZES[ggml_type][0]
+        out = torch.empty(blocks.shape[0], size)
+        step = max(1, CHUNK // size)
+        for start in range(0, blocks.shape[0], step):
+            out[start: start + step] = DECODERS[ggml_type](blocks[start: start + step])
+        return out.reshape(shape)
     if not readable(ggml_type):
         raise NotImplementedError(f"no decoder for GGML type {ggml_type.name}")
     return torch.from_numpy(gguf_dequantize(raw.numpy().reshape(-1), ggml_type)).reshape(shape)

@@ -8,7 +8,7 @@ float path would give it (`verispec.models.gguf_layers.kernel_layer`):
   - any other type is dequantised to a transient float32 tensor: int8 per row, or rounded to 4 bits on
     "int4-rounded".
 Norms and biases are float32; the embedding stays in its blocks (`BlockEmbedding`) unless the LM head shares it.
-The LM head stays a float layer until `quantize_head` (after `HFCausalLM` may have sliced it to a draft's reduced
+The LM head stays a float layer until `finish_gguf_model` (after `HFCausalLM` may have sliced it to a draft's reduced
 head). What differs from the float path: a 4-bit layer's scale and offset are the GGUF's (d * sc and -dmin * m)
 rounded to float16, where the float path rounds the grid it recovered (the group's minimum and range): both are the
 same grid up to that rounding; and prompt copies are built on first use from the weights the kernel computes with.
@@ -21,6 +21,7 @@ another order, which transformers undoes: the same row permutation is applied to
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import shutil
 import sys
@@ -33,6 +34,7 @@ import torch
 
 from verispec.errors import ConfigError, ModelFilesError
 from verispec.models.cache import cache_dir
+from verispec.models.fastpath import record_linear_backend
 from verispec.models.gguf_blocks import FOUR_BIT, GGML, dequantize, four_bit_levels, readable
 from verispec.models.gguf_file import GGUFFile, TensorEntry, type_name
 from verispec.models.gguf_layers import COUNTS, BlockEmbedding, add_counts, kernel_layer
@@ -120,7 +122,7 @@ def _whole(folder: Path) -> bool:
 
 @dataclass
 class GGUFModel:
-    """A transformers CausalLM built from GGUF blocks, with what `quantize_head` and the outputs need."""
+    """A transformers CausalLM built from GGUF blocks, with what `finish_gguf_model` and the outputs need."""
 
     model: Any  # every decoder linear a kernel layer; the output layer still float
     tokenizer: Any
@@ -130,7 +132,7 @@ class GGUFModel:
 
 def load_gguf_model(path: str | Path, files: Path, round_to_4bit: bool = False, prompt: str = "auto") -> GGUFModel:
     """Build the GGUF model at `path` (qwen2 or llama) with the config and tokenizer in `files` (`model_files`):
-    every decoder linear a kernel layer, the LM head still float (see `quantize_head`). `round_to_4bit`: the
+    every decoder linear a kernel layer, the LM head still float (see `finish_gguf_model`). `round_to_4bit`: the
     "int4-rounded" backend. `prompt`: the prompt copies' format (`verispec.models.prompt_linear`)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -179,23 +181,35 @@ def load_gguf_model(path: str | Path, files: Path, round_to_4bit: bool = False, 
                      weights.entry_of(head_name)[1].ggml_type)
 
 
-def quantize_head(model: Any, head_type: GGML, round_to_4bit: bool = False) -> dict[str, int]:
-    """Route the float output layer of `model` (an `HFCausalLM` over a `GGUFModel`, whose head it may have sliced
-    to a reduced draft head) as `use_int4_linears` routes an LM head (no prompt copy: a prompt's forward reads its
-    last row only); return its layers' counts. A head stored in 4-bit blocks (or tied to such an embedding) takes
-    the float path's grid search, since its float rows are all there is of it by now."""
-    head = model.model.get_output_embeddings()
-    if head_type in FOUR_BIT:
-        return use_int4_linears(head, lm_head=head, round_to_4bit=round_to_4bit)
+def finish_gguf_model(model: Any, built: GGUFModel, backend: str) -> None:
+    """Route the float output layer of `model` (an `HFCausalLM` over `built`, whose head it may have sliced to a
+    reduced draft head) as `use_int4_linears` routes an LM head (no prompt copy: a prompt's forward reads its last
+    row only), and record `backend` ("int4" or "int4-rounded") and the kernels on `model`. A head stored in 4-bit
+    blocks (or tied to such an embedding) takes the float path's grid search: its float rows are all there is of it
+    by now."""
+    head, rounded = model.model.get_output_embeddings(), backend == "int4-rounded"
     counts = dict.fromkeys(COUNTS, 0)
+    if built.head_type in FOUR_BIT:
+        counts = use_int4_linears(head, lm_head=head, round_to_4bit=rounded)
+    else:
+        def make(module: torch.nn.Linear) -> Any:
+            layer, kinds = kernel_layer(module, lambda: module.weight, None, rounded, prompt=None)
+            add_counts(counts, kinds)
+            return layer
 
-    def make(module: torch.nn.Linear) -> Any:
-        layer, kinds = kernel_layer(module, lambda: module.weight, None, round_to_4bit, prompt=None)
-        add_counts(counts, kinds)
-        return layer
+        replace_linears(head, make, lm_head=head)
+    record_linear_backend(model, backend, backend, add_counts(counts, built.counts))
+    _return_freed_memory()
 
-    replace_linears(head, make, lm_head=head)
-    return counts
+
+def _return_freed_memory() -> None:
+    """Hand the load's freed temporaries back to the system. Why: glibc keeps freed heap memory for reuse, and after
+    the 1.5B target's load it held 2.3 GB of float temporaries (dequantised layers, the LM head) beside the 1.4 GB
+    model; `malloc_trim` returns it. Elsewhere (no glibc) this does nothing."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class _Weights:

@@ -12,7 +12,6 @@ from verispec.models.fastpath import (
     apply_linear_backend,
     check_linear_backend,
     is_gguf_spec,
-    record_linear_backend,
     resolve_linear_backend,
 )
 from verispec.models.hf import LLAMACPP_PREFIX, HFCausalLM, check_model_spec, load_pretrained, parse_dtype
@@ -64,12 +63,11 @@ def load_model(
         return load_llamacpp_model(spec, role)  # the prefix is read where GGUF files are resolved
     backend = resolve_linear_backend(linear_backend, spec, role, device, dtype)
     direct = _direct_gguf(spec, role) if _builds_direct(spec, backend, device, dtype) else None
-    rounded = backend == "int4-rounded"
     if direct is not None:
         from verispec.models.gguf_direct import load_gguf_model
 
         path, files, name = direct
-        built = load_gguf_model(path, files, round_to_4bit=rounded)
+        built = load_gguf_model(path, files, round_to_4bit=backend == "int4-rounded")
         model, tokenizer = built.model, built.tokenizer
     else:
         if spec is None or spec == DEFAULT:
@@ -90,10 +88,9 @@ def load_model(
     if direct is None:
         apply_linear_backend(wrapped, backend)
         return wrapped
-    from verispec.models.gguf_direct import add_counts, quantize_head
+    from verispec.models.gguf_direct import finish_gguf_model
 
-    counts = add_counts(built.counts, quantize_head(wrapped, built.head_type, round_to_4bit=rounded))
-    record_linear_backend(wrapped, backend, backend, counts)
+    finish_gguf_model(wrapped, built, backend)
     return wrapped
 
 
