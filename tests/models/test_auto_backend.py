@@ -81,6 +81,7 @@ def test_load_model_builds_a_gguf_from_its_blocks_or_loads_it_as_floats(isa, tmp
     target, draft = load_model(path, "target"), load_model(path, "draft")
     assert (target.linear_backend, draft.linear_backend) == ("int4", "int4-rounded")
     assert "4-bit weights" in target.linear_kernel and "rounded" in draft.linear_kernel
+    assert target.linear_kernel.endswith("(auto's choice for float32 weights on cpu)")
     isa("portable")
     floats = load_model(path, "target")
     expected = "onednn" if fastpath.onednn_available() else "torch"

@@ -147,12 +147,13 @@ def use_onednn_linears(model: torch.nn.Module, batch_hint: int = 4, min_rows: in
     return changed
 
 
-def apply_linear_backend(model: Any, backend: str) -> str:
+def apply_linear_backend(model: Any, backend: str, requested: str | None = None) -> str:
     """Route the linears of `model` (an `HFCausalLM` with float weights) through `backend`, record it as
     `model.linear_backend` (and what runs as `model.linear_kernel`) and return it: the backend actually in effect,
     "torch" off the CPU, for weights other than float32/bfloat16 (float64 test models), or where torch lacks the
-    kernels. "auto" is resolved from the model's device and dtype as for a float model (`resolve_linear_backend`)."""
-    requested = check_linear_backend(backend)
+    kernels. "auto" is resolved from the model's device and dtype as for a float model (`resolve_linear_backend`).
+    `requested`: what the user asked for, when `backend` is already its resolution (the record says both)."""
+    requested = requested or check_linear_backend(backend)
     if backend == "auto":
         backend = float_backend(model.device, model.model.dtype)
     applied, counts = "torch", {}

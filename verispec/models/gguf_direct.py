@@ -181,12 +181,12 @@ def load_gguf_model(path: str | Path, files: Path, round_to_4bit: bool = False, 
                      weights.entry_of(head_name)[1].ggml_type)
 
 
-def finish_gguf_model(model: Any, built: GGUFModel, backend: str) -> None:
+def finish_gguf_model(model: Any, built: GGUFModel, backend: str, requested: str | None = None) -> None:
     """Route the float output layer of `model` (an `HFCausalLM` over `built`, whose head it may have sliced to a
     reduced draft head) as `use_int4_linears` routes an LM head (no prompt copy: a prompt's forward reads its last
-    row only), and record `backend` ("int4" or "int4-rounded") and the kernels on `model`. A head stored in 4-bit
-    blocks (or tied to such an embedding) takes the float path's grid search: its float rows are all there is of it
-    by now."""
+    row only), and record `backend` ("int4" or "int4-rounded"; `requested`: what the user asked for, e.g. "auto")
+    and the kernels on `model`. A head stored in 4-bit blocks (or tied to such an embedding) takes the float path's
+    grid search: its float rows are all there is of it by now."""
     head, rounded = model.model.get_output_embeddings(), backend == "int4-rounded"
     counts = dict.fromkeys(COUNTS, 0)
     if built.head_type in FOUR_BIT:
@@ -198,7 +198,7 @@ def finish_gguf_model(model: Any, built: GGUFModel, backend: str) -> None:
             return layer
 
         replace_linears(head, make, lm_head=head)
-    record_linear_backend(model, backend, backend, add_counts(counts, built.counts))
+    record_linear_backend(model, backend, requested or backend, add_counts(counts, built.counts))
     _return_freed_memory()
 
 

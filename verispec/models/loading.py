@@ -86,11 +86,11 @@ def load_model(
     # reads the vocabulary size and slices the head before the weights are packed
     wrapped = HFCausalLM(model, tokenizer, name=name, vocab_ids=vocab_ids, context_vocab=context_vocab)
     if direct is None:
-        apply_linear_backend(wrapped, backend)
+        apply_linear_backend(wrapped, backend, requested=linear_backend)
         return wrapped
     from verispec.models.gguf_direct import finish_gguf_model
 
-    finish_gguf_model(wrapped, built, backend)
+    finish_gguf_model(wrapped, built, backend, requested=linear_backend)
     return wrapped
 
 
