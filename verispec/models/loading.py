@@ -8,6 +8,7 @@ import torch
 
 from verispec.errors import ConfigError
 from verispec.models.default_pair import DEFAULT_PAIR, assembled, prepare
+from verispec.models.default_pair import model_files as default_model_files
 from verispec.models.fastpath import (
     apply_linear_backend,
     check_linear_backend,
@@ -108,8 +109,7 @@ def _direct_gguf(spec: str | None, role: str) -> tuple[Path, Path, str] | None:
 
     if spec is None or spec == DEFAULT:
         embedded = DEFAULT_PAIR[role]
-        path = assembled(embedded)
-        return path, model_files(path, key=embedded.sha256), embedded.upstream
+        return assembled(embedded), default_model_files(embedded), embedded.upstream
     check_model_spec(spec)
     path = Path(spec).expanduser()
     if direct_support(path) is not None:
