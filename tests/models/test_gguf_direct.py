@@ -15,7 +15,7 @@ from verispec.models import gguf_direct
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.gguf_blocks import four_bit_levels
 from verispec.models.gguf_file import GGUFFile
-from verispec.models.gguf_layers import BlockEmbedding, LazyPromptCopy
+from verispec.models.gguf_layers import BlockEmbedding, LazyPromptCopy, build_prompt_copies
 from verispec.models.hf import HFCausalLM, load_pretrained
 from verispec.models.int4 import PROMPT_ROWS, Int4Linear, Int8RowLinear
 from verispec.models.loading import load_model
@@ -113,11 +113,13 @@ def test_prompt_copies_are_built_on_the_first_long_forward(tmp_path):
     model = load_model(str(path), "target", linear_backend="int4")
     copies = [layer.prompt_linear for layer in layers(model).values() if layer.prompt_linear is not None]
     assert len(copies) == 2 * len(LAYER_TYPES)  # every decoder linear, not the LM head
-    assert all(isinstance(c, LazyPromptCopy) and c._layer is None for c in copies)
+    assert all(isinstance(c, LazyPromptCopy) and not c.built for c in copies)
     fresh_logits(model, [i % 60 for i in range(PROMPT_ROWS)], 1)  # no copy runs at the threshold itself
-    assert all(c._layer is None for c in copies)
+    assert not any(c.built for c in copies)
     fresh_logits(model, [i % 60 for i in range(PROMPT_ROWS + 1)], 1)
-    assert all(c._layer is not None for c in copies)
+    assert all(c.built for c in copies)
+    assert build_prompt_copies(model.model) == 0
+    assert build_prompt_copies(load_model(str(path), "target", linear_backend="int4").model) == len(copies)
     layer = layers(model)["model.layers.0.self_attn.q_proj"]
     x = torch.randn(PROMPT_ROWS + 5, 256, generator=torch.Generator().manual_seed(0))
     assert torch.equal(layer(x), prompt_layer(layer.dequantized(), layer.prompt_linear._bias)(x))

@@ -1,7 +1,7 @@
 """A GGUF file's tensor table and its tensors' bytes, memory-mapped: what loading its weights needs, read in a second.
 
 Why not `gguf.GGUFReader`: it builds a numpy view per metadata element, and a Qwen2.5 GGUF's tokenizer metadata holds
-300,000 strings (vocabulary and merges): 12-18 s per file on this 2-core machine before the first tensor is read.
+300,000 strings (vocabulary and merges): 12-18 s per file on a 2-core Xeon before the first tensor is read.
 This reader walks past metadata arrays and keeps only scalar values (architecture, head counts, alignment); the
 tokenizer and config are read once by transformers and cached (`verispec.models.gguf_direct.model_files`).
 
