@@ -78,6 +78,7 @@ def test_logits_and_kernels_agree_with_the_float_path(tmp_path, tied):
     assert direct.per_query_attention and direct.prompt_rows == PROMPT_ROWS
     embedding = direct.model.get_input_embeddings()
     assert isinstance(embedding, torch.nn.Embedding if tied else BlockEmbedding)
+    assert embedding.weight.shape == (64, 256)
     ids = torch.arange(64)
     assert torch.equal(embedding(ids), exact.model.get_input_embeddings()(ids))
     tokens = [3, 1, 4, 1, 5, 9, 2, 6]

@@ -127,6 +127,12 @@ class BlockEmbedding(torch.nn.Module):
         # [vocab, bytes per row] uint8; a buffer, not a parameter: no weights of its own to count or move
         self.register_buffer("blocks", blocks.reshape(self.num_embeddings, -1).clone(), persistent=False)
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The table's shape and dtype without its values (a meta tensor): for code that sizes an embedding by its
+        weight (parameter counts); any computation with it fails loudly instead of reading zeros."""
+        return torch.empty(self.num_embeddings, self.embedding_dim, device="meta")
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Return the float32 rows [..., dim] of token `ids` [...]."""
         rows = self.blocks.index_select(0, ids.reshape(-1))
