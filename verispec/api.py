@@ -106,6 +106,16 @@ class Decoder:
                 check_compatible(self._models["target"], self._models["draft"])
         return self._models[role]
 
+    def build_prompt_copies(self) -> None:
+        """Build now, for every loaded model, what its first long prompt would otherwise build (the prompt copies of
+        a model loaded straight from its GGUF, `verispec.models.gguf_layers.build_prompt_copies`): for timed runs
+        and servers, whose first long prompt must not pay for it."""
+        from verispec.models.gguf_layers import build_prompt_copies
+
+        for model in self._models.values():
+            if isinstance(model, HFCausalLM):
+                build_prompt_copies(model.model)
+
     def loaded_models(self) -> dict[str, HFCausalLM]:
         """Return the models loaded so far, by role ("target", "draft")."""
         return dict(self._models)

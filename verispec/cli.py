@@ -92,7 +92,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
         config.prompts = [prompt.text for prompt in read_source(args.prompts)]
     decoder, seconds = load_pair(args)
-    print(f"loaded the target and the draft in {seconds:.1f} s", file=sys.stderr)
+    print(f"loaded the target and the draft in {seconds:.1f} s (not timed below)", file=sys.stderr)
     result = run_compare(config, Path(args.out), decoder=decoder)
     machine = result["machine"]
     print(f"\n{len(config.prompts)} prompts x {config.max_new_tokens} new tokens, temperature={config.temperature}, "
@@ -118,6 +118,7 @@ def load_pair(args: argparse.Namespace):  # noqa: ANN201 (a Decoder: imported la
                       draft_dtype=args.draft_dtype, draft_linear_backend=args.draft_linear_backend)
     decoder.model("target")
     decoder.model("draft")
+    decoder.build_prompt_copies()
     return decoder, time.perf_counter() - start
 
 

@@ -283,6 +283,7 @@ def _run_bench(
             for method in config.methods:
                 decode_one(decoder, config, method, prompts[todo[0]], todo[0], config.warmup_tokens, peer_decoder,
                            **servers)
+        decoder.build_prompt_copies()  # no later long prompt pays for the set-up of the models the warm-up loaded
 
     def result() -> dict[str, Any]:
         ordered = sorted(records, key=lambda r: r["order"])

@@ -179,6 +179,7 @@ class EngineWorker:
                 self.decoder.model("draft")
             else:
                 self.decoder.reduced_draft(n)
+            self.decoder.build_prompt_copies()  # the first long prompt's set-up, not on a client's time
             self.metrics.observe_models(self.decoder)
             self.ready = True
         except Exception as exc:  # reported by /health and every request's 503, never a traceback to clients
