@@ -99,7 +99,7 @@ def test_requantised_spec_names_its_problems(monkeypatch, tmp_path):
     assert llamacpp.embedded_kind(None) == "" and llamacpp.embedded_kind("llamacpp:default") == ""
     assert llamacpp.embedded_kind("llamacpp:/models/x.gguf") is None
     hf.check_model_spec("llamacpp:default-q4_0")  # the embedded model's spec: no file to look for
-    monkeypatch.setattr(llamacpp_build, "root", lambda: tmp_path / "no-build")
+    monkeypatch.setattr(llamacpp_build, "root", lambda isa="native": tmp_path / "no-build")
     source = tmp_path / "draft.gguf"
     source.write_bytes(b"GGUF")
     with pytest.raises(ConfigError, match="make peers"):
@@ -115,7 +115,7 @@ def test_requantised_file_is_written_once_and_redone_for_another_source(monkeypa
     runs = tmp_path / "runs"
     tool.write_text(f'#!/bin/sh\necho run >> {runs}\n[ "$4" = Q4_0 ] || exit 3\ncp "$2" "$3"\n')
     tool.chmod(0o755)
-    monkeypatch.setattr(llamacpp_build, "root", lambda: tmp_path)
+    monkeypatch.setattr(llamacpp_build, "root", lambda isa="native": tmp_path)
     source = tmp_path / "draft.gguf"
     source.write_bytes(b"GGUF-one")
     out = llamacpp_build.requantized(source, "q4_0", "sha-one")
