@@ -39,7 +39,8 @@ from verispec.costmodel import (
 )
 from verispec.errors import ConfigError, ModelFilesError
 from verispec.models.fastpath import LINEAR_BACKENDS, apply_linear_backend
-from verispec.models.loading import DEFAULT_LINEAR_BACKEND
+from verispec.models.gguf_file import GGUFFile
+from verispec.models.loading import DEFAULT_LINEAR_BACKEND, gguf_blocks_file, load_model
 from verispec.models.protocol import CausalLM
 from verispec.provenance import machine_description
 from verispec.sampling import SamplingConfig, process_logits, sample
@@ -67,7 +68,7 @@ class ProfileConfig:
     roles: list[str] = field(default_factory=lambda: ["target", "draft"])  # which models to measure
     dtype: str = "float32"  # weights' dtype
     device: str = "cpu"  # torch device
-    linear_backend: str = DEFAULT_LINEAR_BACKEND  # CPU linear kernels: int8 | int4 | onednn | torch (as bench)
+    linear_backend: str = DEFAULT_LINEAR_BACKEND  # CPU linear kernels: auto | int8 | int4 | onednn | torch (as bench)
     random_weights: bool = False  # random weights of the same architecture (no weight files needed)
     ks: list[int] = field(default_factory=lambda: list(DEFAULT_KS))  # new tokens per timed forward
     context: int = 128  # cached tokens before each timed forward (and the prefill point's length)
@@ -127,8 +128,6 @@ def random_like(spec: str | None, role: str = "target", dtype: str | torch.dtype
 
 
 def _load(spec: str | None, role: str, dtype: str, device: str, random_weights: bool) -> Any:
-    from verispec.models.loading import load_model
-
     if random_weights:
         return random_like(spec, role, dtype, device)
     return load_model(spec, role, dtype, device, linear_backend="torch")  # packed below, after counting parameters
@@ -266,7 +265,13 @@ def measure_profile(
     sampling = sampling or SamplingConfig()
     params = streamed = 0
     model = model_or_spec
-    if model is None or isinstance(model, str):
+    blocks = None if random_weights or not (model is None or isinstance(model, str)) else \
+        gguf_blocks_file(model, role, linear_backend, device, dtype)
+    if blocks is not None:  # built from its GGUF blocks, as decoding loads it: no float copy to count or pack
+        params, streamed = GGUFFile(blocks).parameter_counts()
+        model = load_model(model, role, dtype, device, linear_backend)
+        linear_backend = model.linear_backend
+    elif model is None or isinstance(model, str):
         model = _load(model, role, dtype, device, random_weights)
         params, streamed = count_params(model.model)  # before a backend packs (and hides) the weights
         linear_backend = apply_linear_backend(model, linear_backend)

@@ -209,3 +209,22 @@ def test_greedy_sd_writes_ars_tokens_on_the_default_pair_from_its_blocks():
     ar = decoder.generate(PAIR_PROMPT, method="ar", max_new_tokens=48)
     sd = decoder.generate(PAIR_PROMPT, method="sd", gamma=4, max_new_tokens=48)
     assert sd.tokens == ar.tokens and sd.trace.acceptance_rate > 0.3
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_gguf_files_parameter_counts_are_the_float_models(tmp_path, tied):
+    from verispec.profile import count_params
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tied=tied)
+    model, _ = load_pretrained(str(path))
+    assert GGUFFile(path).parameter_counts() == count_params(model)
+
+
+def test_profile_measures_a_gguf_model_as_decoding_loads_it(tmp_path):
+    from verispec.profile import count_params, measure_profile
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    measured = measure_profile(str(path), "target", ks=(1, 2), context=8, reps=1, overheads=False)
+    cost = measured.models["target"]
+    assert cost.linear_backend == "int4"  # auto's choice, built from the blocks as load_model builds it
+    assert (cost.params, cost.streamed_params) == count_params(load_pretrained(str(path))[0])

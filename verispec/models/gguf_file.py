@@ -139,6 +139,14 @@ class GGUFFile:
         """`general.architecture`: "qwen2", "llama", ..."""
         return str(self.metadata.get("general.architecture", "?"))
 
+    def parameter_counts(self) -> tuple[int, int]:
+        """Return (parameters, parameters one forward reads: all but an untied input-embedding table), as
+        `verispec.profile.count_params` counts a float model's."""
+        params = sum(prod(t.shape) for t in self.tensors.values())
+        embed = self.tensors.get("token_embd.weight")
+        tied = "output.weight" not in self.tensors
+        return params, params - (0 if tied or embed is None else prod(embed.shape))
+
     def raw(self, name: str) -> torch.Tensor:
         """Return the bytes of tensor `name` as a uint8 tensor viewing the mapped file (no copy)."""
         entry = self.tensors[name]

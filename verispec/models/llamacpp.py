@@ -189,12 +189,12 @@ def load_llamacpp_model(spec: str | None, role: str, threads: int | None = None)
 
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from verispec.models.default_pair import DEFAULT_PAIR, prepare
+    from verispec.models.default_pair import DEFAULT_PAIR, model_files
 
     path = gguf_file(spec, role)
     kind = embedded_kind(spec)
-    if kind is not None:  # the embedded model (or its requantised copy): its converted copy holds tokenizer, config
-        folder = prepare(DEFAULT_PAIR[role])
+    if kind is not None:  # the embedded model (or its requantised copy): tokenizer and config cached from its GGUF
+        folder = model_files(DEFAULT_PAIR[role])
         vocab = json.loads((Path(folder) / "config.json").read_text())["vocab_size"]
         name = DEFAULT_PAIR[role].upstream + (f" ({kind.upper()})" if kind else "")
         model = LlamaCppModel(path, name, AutoTokenizer.from_pretrained(str(folder)), vocab, threads)

@@ -95,6 +95,15 @@ def load_model(
     return wrapped
 
 
+def gguf_blocks_file(spec: str | None, role: str, linear_backend: str = DEFAULT_LINEAR_BACKEND,
+                     device: str = "cpu", dtype: str | torch.dtype = "float32") -> Path | None:
+    """Return the GGUF file `load_model` builds `spec` from, block by block, on `linear_backend`; None where it
+    loads float weights instead."""
+    backend = resolve_linear_backend(linear_backend, spec, role, device, dtype)
+    direct = _direct_gguf(spec, role) if _builds_direct(spec, backend, device, dtype) else None
+    return None if direct is None else direct[0]
+
+
 def _builds_direct(spec: str | None, backend: str, device: str, dtype: str | torch.dtype) -> bool:
     """Whether `spec` on `backend` is built from GGUF blocks: a GGUF model, an int4 backend, float32 on the CPU, and
     torch's fbgemm engine present (the prompt copies need it; without it the float path falls back to torch)."""
