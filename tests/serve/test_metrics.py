@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 
 import openai
@@ -97,3 +98,10 @@ def test_the_models_kernels_and_rounds_are_labelled(server):
     info = {dict(labels)["role"]: dict(labels) for (name, labels), value in scrape(server).items()
             if name == "verispec_model_info" and value == 1}
     assert set(info) == {"target", "draft"} and all(labels["kernel"] for labels in info.values())
+
+
+def test_the_process_resident_memory_is_reported(server):
+    samples = scrape(server)
+    current, peak = samples[("process_resident_memory_bytes", ())], samples[("verispec_peak_resident_memory_bytes", ())]
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 50e6 < current <= peak < physical  # torch alone takes more than 50 MB

@@ -4,13 +4,63 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from verispec.serve.config import ServeConfig
 
+if TYPE_CHECKING:  # the web stack is imported on first use
+    import uvicorn
+
+    from verispec.serve.worker import Backend
+
+# Once the engine is drained, shutting down only flushes the last chunks of the responses; a client that does not
+# read them must not keep the process alive.
+FLUSH_SECONDS = 5
+STARTUP_FAILURE = 3  # uvicorn's exit status when the server could not start
+
+
+def draining_server(config: uvicorn.Config, backend: Backend, grace: float) -> uvicorn.Server:
+    """Return a `uvicorn.Server` for `config` that drains `backend` on SIGTERM or SIGINT.
+
+    The first signal starts draining: new and waiting requests get 503, running generations may go on for `grace`
+    seconds and then end at a round boundary; once none runs, uvicorn shuts down and `run()` returns. A second
+    signal ends the grace at once; a third stops without waiting for responses to be flushed.
+    """
+    import uvicorn
+
+    say = logging.getLogger("uvicorn.error")  # uvicorn's own log, where its "Shutting down" appears
+
+    class DrainingServer(uvicorn.Server):
+        def __init__(self) -> None:
+            super().__init__(config)
+            self.signals = 0  # SIGTERM/SIGINT received
+            self.draining_for = 0  # the signal the current drain answers
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # Not uvicorn's: it stops at once, and after shutting down it raises the signal again, so the process
+            # would die of it instead of exiting 0. Only counted here: the signal handler must do little.
+            self.signals += 1
+            if self.signals >= 3:
+                self.should_exit = self.force_exit = True
+
+        async def on_tick(self, counter: int) -> bool:
+            if self.signals > self.draining_for:
+                self.draining_for = self.signals
+                seconds = grace if self.signals == 1 else 0.0
+                say.info("Draining: no new requests; running generations end within %g s", seconds)
+                backend.drain(seconds)
+            if self.draining_for and backend.drained():
+                self.should_exit = True
+            return await super().on_tick(counter)
+
+    return DrainingServer()
+
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Load the pair once and serve the OpenAI API until interrupted."""
+    """Load the pair once and serve the OpenAI API until SIGTERM or SIGINT, then drain and return 0."""
     import uvicorn
 
     from verispec.api import Decoder
@@ -18,12 +68,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from verispec.serve import create_app
 
     config = ServeConfig(defaults=decode_config(args), model_name=args.model_name, max_queue=args.max_queue,
-                         time_limit=args.time_limit)
+                         time_limit=args.time_limit, shutdown_grace=args.shutdown_grace)
     decoder = Decoder(args.target, args.draft, dtype=args.dtype, verifier=args.verifier,
                       linear_backend=args.linear_backend, draft_dtype=args.draft_dtype,
                       draft_linear_backend=args.draft_linear_backend)
-    uvicorn.run(create_app(decoder, config), host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    app = create_app(decoder, config)
+    server = draining_server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                            timeout_graceful_shutdown=FLUSH_SECONDS),
+                             app.state.backend, config.shutdown_grace)
+    server.run()
+    return 0 if server.started else STARTUP_FAILURE
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
@@ -60,6 +114,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="requests that may wait for the engine; more get 429 (default: %(default)s)")
     p.add_argument("--time-limit", type=float, default=d.time_limit,
                    help="seconds one generation may run before it ends at a round boundary (default: %(default)s)")
+    p.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace, metavar="SECONDS",
+                   help="on SIGTERM/SIGINT, seconds running generations may go on before they end at a round "
+                        "boundary with finish_reason \"shutdown\" (default: %(default)s)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_serve)
 

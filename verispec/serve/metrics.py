@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from verispec.trace import Trace
 
@@ -44,6 +49,7 @@ class ServerMetrics:
                              ["method"], buckets=_BUCKETS, registry=r)
         self.latency = Histogram("verispec_request_latency_seconds", "request arrival to its last token",
                                  ["method"], buckets=_BUCKETS, registry=r)
+        r.register(MemoryCollector())
 
     def observe_models(self, decoder: Any) -> None:
         """Record which models `decoder` (a `verispec.Decoder`) has loaded and the kernels they run."""
@@ -68,3 +74,41 @@ class ServerMetrics:
     def render(self) -> bytes:
         """Return the metrics in the Prometheus text format."""
         return generate_latest(self.registry)
+
+
+def resident_memory() -> tuple[int | None, int | None]:
+    """Return the process's (current, peak) resident set size in bytes; None where the platform does not say.
+
+    Linux: VmRSS and VmHWM of /proc/self/status. Elsewhere only the peak is known, from getrusage.
+    """
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        lines = []
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
+
+    def kib(name: str) -> int | None:  # "VmRSS:\t  123456 kB"
+        value = fields.get(name, "").split()
+        return int(value[0]) * 1024 if value else None
+
+    current, peak = kib("VmRSS"), kib("VmHWM")
+    if peak is None:
+        try:
+            import resource
+        except ImportError:  # Windows
+            return current, None
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak = maxrss if sys.platform == "darwin" else maxrss * 1024  # bytes on macOS, KiB on Linux and the BSDs
+    return current, peak
+
+
+class MemoryCollector(Collector):
+    """The process's resident memory, read at each scrape (the models' weights dominate it)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        current, peak = resident_memory()
+        if current is not None:  # the name of prometheus_client's own process collector, which dashboards know
+            yield GaugeMetricFamily("process_resident_memory_bytes", "resident memory size in bytes", value=current)
+        if peak is not None:
+            yield GaugeMetricFamily("verispec_peak_resident_memory_bytes",
+                                    "the most resident memory the process has had, in bytes", value=peak)

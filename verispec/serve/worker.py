@@ -3,6 +3,10 @@
 The HTTP layer talks to a `Backend` only: it encodes prompts, submits `Job`s and reads their events (an asyncio
 queue fed from the engine thread). `EngineWorker` is the one-request-at-a-time implementation over a `Decoder`; a
 batched engine can replace it by implementing the same small interface.
+
+Shutting down drains the backend: new and waiting requests get 503, the running generation may go on for a grace
+period and then ends at its next round boundary with finish_reason "shutdown" (outside OpenAI's values, so that a
+client can tell it from max_tokens and retry elsewhere).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from verispec.trace import Trace
 
 log = logging.getLogger("verispec.serve")
 
+SHUTTING_DOWN = "the server is shutting down"
+
 
 @dataclass
 class Started:
@@ -46,7 +52,7 @@ class Finished:
     """Generation ended; `text` is what was not sent yet as a Delta."""
 
     text: str
-    finish_reason: str  # "stop" (EOS or a stop string) or "length" (max_tokens or the time limit)
+    finish_reason: str  # "stop" (EOS or a stop string), "length" (max_tokens or the time limit) or "shutdown"
     prompt_tokens: int
     completion_tokens: int
     trace: Trace
@@ -110,6 +116,9 @@ class Backend(Protocol):
     def submit(self, job: Job) -> None: ...
     def retry_after(self) -> int: ...
     def start(self) -> None: ...
+    def drain(self, grace: float) -> None: ...
+    def draining(self) -> bool: ...
+    def drained(self) -> bool: ...
     def stop(self) -> None: ...
 
 
@@ -121,7 +130,10 @@ class EngineWorker:
         self.ready = False
         self.load_error: str | None = None
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=config.max_queue)
-        self._closing = threading.Event()
+        self._draining = threading.Event()  # set once: no job is taken any more
+        self._drained = threading.Event()  # set once draining and no generation runs
+        self._submit_lock = threading.Lock()  # no job enters the queue after draining began (it would wait forever)
+        self._cut_at = math.inf  # perf_counter time after which a running generation ends at its round boundary
         self._tokenizer_lock = threading.Lock()  # a fast tokenizer must not be used by two threads at once
         self._mean_seconds = 1.0  # moving average of a generation's duration (queue wait excluded), for Retry-After
         self._thread = threading.Thread(target=self._run, name="verispec-engine", daemon=True)
@@ -142,12 +154,15 @@ class EngineWorker:
             raise APIError(400, str(exc)) from None
 
     def submit(self, job: Job) -> None:
-        """Queue `job`; raise APIError 429 (with Retry-After) when the queue is full."""
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise APIError(429, f"the server is busy: {self.config.max_queue} requests are already waiting",
-                           headers={"Retry-After": str(self.retry_after())}) from None
+        """Queue `job`; raise APIError 429 (with Retry-After) when the queue is full, 503 once draining began."""
+        with self._submit_lock:
+            if self._draining.is_set():
+                raise APIError(503, SHUTTING_DOWN)
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                raise APIError(429, f"the server is busy: {self.config.max_queue} requests are already waiting",
+                               headers={"Retry-After": str(self.retry_after())}) from None
         self.metrics.queue_length.set(self._queue.qsize())
 
     def retry_after(self) -> int:
@@ -157,16 +172,39 @@ class EngineWorker:
     def start(self) -> None:
         self._thread.start()
 
+    def drain(self, grace: float) -> None:
+        """Stop taking requests: new and waiting ones get 503; the running generation may go on for `grace` more
+        seconds, then ends at its next round boundary with finish_reason "shutdown". A second call may shorten the
+        grace, never lengthen it."""
+        with self._submit_lock:
+            self._draining.set()
+        self._cut_at = min(self._cut_at, time.perf_counter() + grace)
+        self._reject_waiting()
+        if not self.ready:  # loading (or failed): no generation to wait for; the loader exits when it is done
+            self._drained.set()
+
+    def draining(self) -> bool:
+        """Return True once `drain` was called: the server is shutting down."""
+        return self._draining.is_set()
+
+    def drained(self) -> bool:
+        """Return True once `drain` was called and no generation runs any more."""
+        return self._drained.is_set()
+
     def stop(self) -> None:
         """End the running generation at its next round boundary; answer the requests still waiting 503."""
-        self._closing.set()
-        self._thread.join(timeout=30)
+        self.drain(grace=0.0)
+        if self._thread.is_alive() and self.ready:  # a load in progress is not waited for: the thread is a daemon
+            self._thread.join(timeout=30)
+
+    def _reject_waiting(self) -> None:
         while True:
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 break
-            job.send(Failed(APIError(503, "the server is shutting down")))
+            job.send(Failed(APIError(503, SHUTTING_DOWN)))
+        self.metrics.queue_length.set(self._queue.qsize())
 
     # -- the engine thread --------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -186,20 +224,27 @@ class EngineWorker:
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.error("loading the models failed: %s", self.load_error)
             return
-        while not self._closing.is_set():
-            try:
-                job = self._queue.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            self.metrics.queue_length.set(self._queue.qsize())
-            if job.cancelled.is_set():  # its client left while it waited
-                job.send(Failed(APIError(499, "the client closed the connection")))
-                continue
-            self.metrics.running.inc()
-            try:
-                self._serve(job)
-            finally:
-                self.metrics.running.dec()
+        try:
+            while not self._draining.is_set():
+                try:
+                    job = self._queue.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                self.metrics.queue_length.set(self._queue.qsize())
+                if self._draining.is_set():  # taken in the instant draining began
+                    job.send(Failed(APIError(503, SHUTTING_DOWN)))
+                    continue
+                if job.cancelled.is_set():  # its client left while it waited
+                    job.send(Failed(APIError(499, "the client closed the connection")))
+                    continue
+                self.metrics.running.inc()
+                try:
+                    self._serve(job)
+                finally:
+                    self.metrics.running.dec()
+        finally:
+            self._reject_waiting()
+            self._drained.set()
 
     def _decode_text(self, ids: list[int]) -> str:
         with self._tokenizer_lock:
@@ -216,7 +261,7 @@ class EngineWorker:
         text = TextStream(self._decode_text, job.stop)
         start = time.perf_counter()
         deadline = start + self.config.time_limit
-        clock = {"last": None, "timed_out": False}
+        clock = {"last": None, "timed_out": False, "cut": False}
 
         def on_commit(tokens: list[int]) -> bool:
             now = time.perf_counter()
@@ -231,7 +276,8 @@ class EngineWorker:
             if delta:
                 job.send(Delta(delta))
             clock["timed_out"] = now > deadline
-            return text.stopped or clock["timed_out"] or job.cancelled.is_set() or self._closing.is_set()
+            clock["cut"] = now >= self._cut_at  # the server is shutting down and the grace period is over
+            return text.stopped or clock["timed_out"] or clock["cut"] or job.cancelled.is_set()
 
         try:
             out = engine.decode(job.prompt_ids, job.config, on_commit)
@@ -246,6 +292,8 @@ class EngineWorker:
         self.metrics.latency.labels(method).observe(end - job.arrival)
         self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * (end - start)
         self.metrics.observe_decode(method, out.trace, len(job.prompt_ids), text.kept_tokens, job.config.gamma)
-        reason = "stop" if text.stopped or out.stopped_at_eos else "length"
+        finished = text.stopped or out.stopped_at_eos
+        full = text.kept_tokens >= job.config.max_new_tokens
+        reason = "stop" if finished else "shutdown" if clock["cut"] and not full else "length"
         job.send(Finished(text.finish(), reason, len(job.prompt_ids), text.kept_tokens, out.trace,
-                          clock["timed_out"] and not (text.stopped or out.stopped_at_eos)))
+                          clock["timed_out"] and not finished and reason != "shutdown"))
