@@ -28,6 +28,11 @@ from verispec.verify.relaxed import RelaxedKnobs
 # K of a multi-path method when none is given: the best K of `gbv` on the dev-short prompts at T = 1 (BENCHMARKS.md
 # §5). At T = 0 the K paths are equal, so a multi-path method only pays for them.
 MULTIPATH_PATHS = 3
+# The largest seed: torch.Generator.manual_seed takes an unsigned 64-bit integer (beyond it, a ValueError). A
+# negative seed would be read modulo 2**64 (-1 as 2**64 - 1), two spellings of one seed: negatives are refused.
+# (The engine's CPU generator, a Mersenne Twister, is seeded by the low 32 bits: seeds that differ only above bit
+# 31 draw the same.)
+MAX_SEED = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -95,8 +100,8 @@ class DecodeConfig:
                               f"the W draft tokens after it, got {self.fly_window}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not isinstance(self.seed, int):
-            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"seed must be an integer in [0, 2**64 - 1] (0 to {MAX_SEED}), got {self.seed!r}")
         check_drafter_settings(self, method)
         check_draft_confidence(self, method)
         check_adaptive_gamma(self, method)

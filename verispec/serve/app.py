@@ -15,10 +15,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from verispec.serve import responses
+from verispec.serve import bounds, responses
 from verispec.serve.config import ServeConfig
 from verispec.serve.metrics import ServerMetrics
-from verispec.serve.prompts import fit_max_tokens
+from verispec.serve.prompts import check_memory, check_prompt_size, fit_max_tokens
 from verispec.serve.schemas import APIError, ChatRequest, CompletionRequest, parse, settings
 from verispec.serve.streaming import sse
 from verispec.serve.worker import Backend, Delta, EngineWorker, Failed, Finished, Job
@@ -107,11 +107,18 @@ def error_response(exc: APIError) -> JSONResponse:
 
 async def _generate(request: Request, backend: Backend, config: ServeConfig, kind: str) -> Response:
     """Validate, queue and answer one chat or completion request."""
-    raw = await request.body()
+    raw = await _read_body(request)
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        body = json.loads(raw, parse_constant=_not_json)
+        # a \ud800-\udfff escape alone decodes to a lone surrogate, which no tokenizer or response can encode
+        json.dumps(body, ensure_ascii=False).encode()
+    except UnicodeEncodeError as exc:
+        raise APIError(400, f"the request body is not valid JSON text: {exc.object[exc.start:exc.end]!r} is a lone "
+                       f"surrogate, not a Unicode character") from None
+    except ValueError as exc:  # UnicodeDecodeError included
         raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise APIError(400, "the request body is not valid JSON: nested too deeply") from None
     req = parse(ChatRequest if kind == "chat" else CompletionRequest, body)
     if not backend.ready:
         reason = f"loading the models failed: {backend.load_error}" if backend.load_error else "the models are loading"
@@ -120,9 +127,19 @@ async def _generate(request: Request, backend: Backend, config: ServeConfig, kin
         raise APIError(404, f"the model {req.model!r} does not exist; this server serves {config.model_name!r}",
                        param="model")
     wanted = settings(req, config.defaults)
-    ids = backend.encode_chat(req.messages) if kind == "chat" else backend.encode_completion(req.prompt)
-    limit = backend.context_limit(wanted.config)
-    budget = fit_max_tokens(len(ids), wanted.config.max_new_tokens, limit, wanted.max_tokens_given)
+    stated = backend.context_limit(wanted.config)
+    limit = stated if stated is not None else bounds.UNSTATED_CONTEXT
+    if kind == "chat":
+        check_prompt_size([message.text() for message in req.messages], limit, "messages")
+        ids = backend.encode_chat(req.messages)
+    else:
+        check_prompt_size([req.prompt] if isinstance(req.prompt, str) else req.prompt, limit, "prompt")
+        ids = backend.encode_completion(req.prompt)
+    budget = fit_max_tokens(len(ids), wanted.config.max_new_tokens, limit, wanted.max_tokens_given, stated is not None)
+    decoder = getattr(backend, "decoder", None)  # an EngineWorker's; other backends bound their own memory
+    if decoder is not None:
+        check_memory(decoder, wanted.config, len(ids), len(ids) + budget,
+                     "max_tokens" if wanted.max_tokens_given else None)
     job = Job(ids, dataclasses.replace(wanted.config, max_new_tokens=budget), wanted.stop)
     job.bind()
     backend.submit(job)
@@ -152,6 +169,26 @@ async def _generate(request: Request, backend: Backend, config: ServeConfig, kin
     usage = responses.usage(event.prompt_tokens, event.completion_tokens)
     stats = responses.verispec_block(job.config, event.trace, event.timed_out)
     return JSONResponse(responses.full_body(header, "".join(parts) + event.text, event.finish_reason, usage, stats))
+
+
+async def _read_body(request: Request) -> bytes:
+    """Return the request's body; raise APIError 413 past `bounds.MAX_BODY_BYTES`, before reading all of it."""
+    too_long = APIError(413, f"the request body is larger than {bounds.MAX_BODY_BYTES} bytes, this server's limit")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > bounds.MAX_BODY_BYTES:
+        raise too_long
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > bounds.MAX_BODY_BYTES:
+            raise too_long
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _not_json(constant: str) -> Any:
+    """Refuse NaN and ±Infinity, which Python's json reads but JSON does not have."""
+    raise ValueError(f"{constant} is not a JSON value")
 
 
 async def _watch_disconnect(request: Request, job: Job) -> None:

@@ -2,7 +2,9 @@
 
 Types are checked strictly (a string where a number belongs is a 400, not a silent conversion); values are
 checked by `DecodeConfig` itself, so a bad γ, temperature, top-p or method gets the same message as on the CLI.
-Fields of the OpenAI API that verispec does not implement are ignored, except `n`, which must be 1.
+Every field of a request is one of: implemented (the models below), accepted and ignored because it changes
+nothing in the output (`IGNORED`), accepted only with a value that asks for nothing (`UNSUPPORTED`), or unknown
+(a 400 naming it). Settings that size memory or time are bounded (`verispec.serve.bounds`).
 """
 
 from __future__ import annotations
@@ -11,16 +13,18 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from verispec.engine import DecodeConfig
 from verispec.errors import ConfigError
+from verispec.serve import bounds
 
 
 class APIError(Exception):
     """An error answered in the OpenAI format: {"error": {"message", "type", "param", "code"}}."""
 
-    TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error", 503: "service_unavailable"}
+    TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
+             429: "rate_limit_error", 503: "service_unavailable"}
 
     def __init__(self, status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
@@ -29,6 +33,98 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         kind = self.TYPES.get(self.status, "server_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
+
+
+CHAT, COMPLETION = frozenset({"chat"}), frozenset({"completion"})
+BOTH = CHAT | COMPLETION
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """An OpenAI field verispec does not implement: a request may send it only with a value that asks for nothing."""
+
+    endpoints: frozenset[str]
+    neutral: tuple[Any, ...]  # OpenAI's defaults, and values equal to them: accepted, as they change nothing
+    lacks: str  # what verispec does not do, for the message
+
+
+# The OpenAI request fields that are refused (400 naming the field) unless their value asks for nothing, by name.
+# Implementing one removes its entry here and adds it to the request models.
+UNSUPPORTED: dict[str, Unsupported] = {
+    "response_format": Unsupported(CHAT, (None, {"type": "text"}), "structured output (JSON mode or schema)"),
+    "tools": Unsupported(CHAT, (None, []), "tool calls"),
+    "tool_choice": Unsupported(CHAT, (None, "none"), "tool calls"),
+    "functions": Unsupported(CHAT, (None, []), "function calls"),
+    "function_call": Unsupported(CHAT, (None, "none"), "function calls"),
+    "logprobs": Unsupported(BOTH, (None, False), "log probabilities"),
+    "top_logprobs": Unsupported(CHAT, (None, 0), "log probabilities"),
+    "logit_bias": Unsupported(BOTH, (None, {}), "logit bias"),
+    "presence_penalty": Unsupported(BOTH, (None, 0), "repetition penalties"),
+    "frequency_penalty": Unsupported(BOTH, (None, 0), "repetition penalties"),
+    "echo": Unsupported(COMPLETION, (None, False), "echoing the prompt"),
+    "suffix": Unsupported(COMPLETION, (None, ""), "text after the insertion point"),
+    "best_of": Unsupported(COMPLETION, (None, 1), "several candidates per request"),
+    "audio": Unsupported(CHAT, (None,), "audio output"),
+    "modalities": Unsupported(CHAT, (None, ["text"]), "output other than text"),
+    "reasoning_effort": Unsupported(CHAT, (None,), "reasoning effort"),
+    "verbosity": Unsupported(CHAT, (None,), "a verbosity setting"),
+    "web_search_options": Unsupported(CHAT, (None,), "web search"),
+}
+
+# OpenAI request fields that change nothing in the output of this server: accepted with a value of their type (or
+# null) and ignored. Name -> (endpoints, the types accepted).
+IGNORED: dict[str, tuple[frozenset[str], tuple[type, ...]]] = {
+    "user": (BOTH, (str,)),  # an end-user id for abuse monitoring
+    "safety_identifier": (CHAT, (str,)),  # the same, under its newer name
+    "metadata": (CHAT, (dict,)),  # tags of a stored completion; nothing is stored
+    "store": (CHAT, (bool,)),  # nothing is stored
+    "service_tier": (CHAT, (str,)),  # one engine serves every request
+    "parallel_tool_calls": (CHAT, (bool,)),  # with no tools there is nothing to call in parallel
+    "prompt_cache_key": (CHAT, (str,)),  # a cache-routing hint
+    "prediction": (CHAT, (dict,)),  # a predicted output speeds OpenAI's decoding up and never changes its output
+}
+
+# Fields of a chat message other than role, content and name, accepted only at their defaults (null, or empty):
+# they carry tool calls, audio and refusals, which this server neither makes nor reads.
+MESSAGE_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "tool_calls": (None, []), "function_call": (None,), "tool_call_id": (None,), "audio": (None,),
+    "refusal": (None,), "annotations": (None, []),
+}
+
+# Roles a message may have, and the role the chat template renders it as: `developer` is OpenAI's newer name for
+# the system message. `tool` and `function` messages answer tool calls, which this server never makes.
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """Return whether `value` equals `neutral` as JSON values (false is not 0; 0 is 0.0)."""
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return type(value) is type(neutral) and value == neutral
+    return value == neutral
+
+
+def _check_fields(body: dict[str, Any], kind: str) -> None:
+    """Remove the ignored and unsupported fields from `body`, checked; raise APIError 400 naming a field that asks
+    for something this server does not do."""
+    for name in [name for name in body if name in UNSUPPORTED and kind in UNSUPPORTED[name].endpoints]:
+        value, rule = body.pop(name), UNSUPPORTED[name]
+        if not any(_same(value, neutral) for neutral in rule.neutral):
+            accepted = " or ".join("null" if n is None else repr(n) for n in rule.neutral)
+            raise APIError(400, f"{name} is not supported: this server does not implement {rule.lacks} (only "
+                           f"{accepted} is accepted)", param=name)
+    for name in [name for name in body if name in IGNORED and kind in IGNORED[name][0]]:
+        value, types = body.pop(name), IGNORED[name][1]
+        if value is not None and not isinstance(value, types):
+            raise APIError(400, f"{name}: expected {' or '.join(t.__name__ for t in types)} or null", param=name)
+    messages = body.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or message["role"] not in ROLES:
+            continue  # the model refuses it, naming its role (a tool message's tool_call_id is no news)
+        for name in [name for name in message if name in MESSAGE_UNSUPPORTED]:
+            value = message.pop(name)
+            if not any(_same(value, neutral) for neutral in MESSAGE_UNSUPPORTED[name]):
+                raise APIError(400, f"messages.{i}.{name} is not supported: this server makes no tool calls and "
+                               f"produces text only", param=f"messages.{i}.{name}")
 
 
 class VerispecOptions(BaseModel):
@@ -50,15 +146,26 @@ class VerispecOptions(BaseModel):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
     type: Literal["text"]
     text: str
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
     role: str
     content: str | list[TextPart] | None = None
+    name: str | None = None  # a participant's name; chat templates do not render it, so it changes nothing
+
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, role: str) -> str:
+        if role in ("tool", "function"):
+            raise ValueError(f"role {role!r} is not supported: its messages answer tool calls, which this server "
+                             f"does not make")
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role[:40]!r}; the roles are: {', '.join(ROLES)}")
+        return role
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -67,12 +174,13 @@ class Message(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # random padding of OpenAI's chunks; these carry none
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
     model: str | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -80,8 +188,8 @@ class _Common(BaseModel):
     top_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = 1
-    stream: bool = False
+    n: int | None = None
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
     verispec: VerispecOptions | None = None
 
@@ -105,15 +213,22 @@ class Settings:
     max_tokens_given: bool  # False: the server default applies, shortened to fit the context
 
 
+_UNION_MEMBERS = {"str", "int", "float", "bool", "TextPart"}
+
+
 def parse(model: type[BaseModel], body: Any) -> Any:
     """Validate a decoded JSON body against `model`; raise APIError 400 naming the first bad field."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
+    _check_fields(body, "chat" if model is ChatRequest else "completion")
     try:
         return model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = ".".join(str(part) for part in first["loc"] if not str(part).startswith(("function-", "list[")))
+        # a loc names the member of a union it tried (`prompt.str`, `content.list[TextPart]`): the field is the rest
+        loc = [str(part) for part in first["loc"]]
+        param = ".".join(loc[:1] + [part for part in loc[1:] if part not in _UNION_MEMBERS
+                                    and not part.startswith(("function-", "list["))])
         raise APIError(400, f"{param or 'body'}: {first['msg']}", param=param or None) from None
 
 
@@ -161,14 +276,34 @@ def _decode_config(defaults: DecodeConfig, requested: dict[str, Any]) -> DecodeC
     return config
 
 
+def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    """Return the request's stop strings; raise APIError 400 beyond the bounds (each one is searched every round)."""
+    strings = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if len(strings) > bounds.MAX_STOPS or any(not s for s in strings):
+        raise APIError(400, f"stop must be up to {bounds.MAX_STOPS} non-empty strings, got {len(strings)}",
+                       param="stop")
+    longest = max(map(len, strings), default=0)
+    if longest > bounds.MAX_STOP_CHARS:
+        raise APIError(400, f"stop strings must be at most {bounds.MAX_STOP_CHARS} characters, got one of {longest}",
+                       param="stop")
+    return strings
+
+
+def _check_caps(options: VerispecOptions) -> None:
+    """Raise APIError 400 naming the first `verispec` setting beyond its cap (`bounds.CAPS`)."""
+    for param, (cap, what) in bounds.CAPS.items():
+        value = getattr(options, param.removeprefix("verispec."))
+        if isinstance(value, int) and value > cap:
+            raise APIError(400, f"{param} ({what}) must be at most {cap} on this server, got {value}", param=param)
+
+
 def settings(request: _Common, defaults: DecodeConfig) -> Settings:
     """Return the request's settings over the server's `defaults`; raise APIError 400 on a bad value."""
-    if request.n != 1:
+    if request.n not in (None, 1):
         raise APIError(400, f"n must be 1 (one choice per request), got {request.n}", param="n")
-    stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
-    if len(stop) > 4 or any(not s for s in stop):
-        raise APIError(400, "stop must be up to 4 non-empty strings", param="stop")
+    stop = _stop_strings(request.stop)
     options = request.verispec or VerispecOptions()
+    _check_caps(options)
     max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     requested = options.model_dump(exclude_none=True) | {
         "seed": request.seed, "max_new_tokens": max_tokens, "temperature": request.temperature, "top_p": request.top_p,
@@ -182,4 +317,4 @@ def settings(request: _Common, defaults: DecodeConfig) -> Settings:
             message = "max_tokens" + message[len("max_new_tokens"):]
         raise APIError(400, message, param=_param(str(exc), set(requested))) from None
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return Settings(config, stop, request.stream, include_usage, max_tokens is not None)
+    return Settings(config, stop, bool(request.stream), include_usage, max_tokens is not None)
