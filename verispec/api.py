@@ -14,6 +14,7 @@ from verispec.engine import DecodeConfig, Engine
 from verispec.errors import ConfigError
 from verispec.inputs import check_prompt
 from verispec.limits import check_context
+from verispec.logprobs import TokenLogprob
 from verispec.methods import get_method
 from verispec.models.fastpath import check_linear_backend, draft_backend_for
 from verispec.models.hf import HFCausalLM, check_model_spec, parse_dtype
@@ -33,6 +34,8 @@ class Generation:
     config: DecodeConfig
     trace: Trace
     verifier: dict[str, Any] | None = None  # SPRINTER's verifier file and threshold, for methods that have one
+    # one per token with `logprobs=k` (verispec.logprobs: its log-probability and the k likeliest tokens), else None
+    logprobs: list[TokenLogprob] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the generation, its configuration and the whole trace as a JSON-able dict."""
@@ -43,7 +46,8 @@ class Generation:
             "stopped_at_eos": self.stopped_at_eos,
             "config": asdict(self.config),
             "trace": self.trace.to_dict(),
-        } | ({"verifier": self.verifier} if self.verifier is not None else {})
+        } | ({"verifier": self.verifier} if self.verifier is not None else {}) | (
+            {"logprobs": [asdict(entry) for entry in self.logprobs]} if self.logprobs is not None else {})
 
 
 class Decoder:
@@ -244,7 +248,7 @@ class Decoder:
         out = engine.decode(prompt_ids, config, on_commit)
         text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)
         return Generation(text, out.tokens, len(prompt_ids), out.stopped_at_eos, config, out.trace,
-                          self.verifier_used(config))
+                          self.verifier_used(config), out.logprobs)
 
 
 def resolve_config(config: DecodeConfig | None, settings: Mapping[str, Any]) -> DecodeConfig:

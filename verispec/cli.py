@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from verispec.errors import VerispecError
-from verispec.options import add_decode_options, add_model_options, decode_config
+from verispec.options import add_decode_options, add_model_options, add_processor_options, decode_config
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -40,7 +40,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if gen.verifier is not None:
             stats += f", verifier {gen.verifier['file']} at tau {gen.verifier['threshold']:.3f}"
         print(stats, file=sys.stderr)
+        if gen.logprobs is not None:
+            _print_logprobs(gen.logprobs, decoder.tokenizer)
     return 0
+
+
+def _print_logprobs(logprobs: list, tokenizer) -> None:  # noqa: ANN001 (TokenLogprob entries; a tokenizer)
+    """Print one line per generated token on standard error: its id, text and log-probability, then the likeliest
+    tokens at its position."""
+    def show(token: int, logprob: float) -> str:
+        return f"{token} {tokenizer.decode([token])!r} {logprob:.4f}"
+
+    for entry in logprobs:
+        top = "; ".join(show(token, value) for token, value in entry.top)
+        print(f"logprob {show(entry.token, entry.logprob)}" + (f"  | top: {top}" if top else ""), file=sys.stderr)
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -169,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", help="the prompt text, or - to read it from standard input")
     add_model_options(p)
     add_decode_options(p)
+    add_processor_options(p)
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     p.add_argument("--replace-invalid-utf8", action="store_true",
                    help="decode invalid UTF-8 in the prompt as U+FFFD instead of refusing it")

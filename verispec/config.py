@@ -22,6 +22,7 @@ from verispec.drafters import (
 from verispec.drafters.hybrid import HYBRID_CATCHUP
 from verispec.errors import ConfigError
 from verispec.methods import get_method
+from verispec.processors import check_logit_bias, check_logprobs, check_penalty
 from verispec.sampling import SamplingConfig
 from verispec.verify.relaxed import RelaxedKnobs
 
@@ -70,6 +71,14 @@ class DecodeConfig:
     fly_entropy: float = RelaxedKnobs.fly_entropy  # fly: entropy gate θ on p̃'s top-k (nats)
     fly_window: int = RelaxedKnobs.fly_window  # fly: W draft tokens that must pass to keep a rejected one (< gamma)
     fly_top_k: int = RelaxedKnobs.fly_top_k  # fly: k of the entropy gate
+    # OpenAI's logit processors (verispec/processors.py), added to both models' logits before temperature, top-k
+    # and top-p; the penalties count the tokens generated so far (not the prompt). Every method takes them.
+    logit_bias: dict[int, float] | None = None  # token id -> bias in [-100, 100] added to its logit; None = none
+    presence_penalty: float = 0.0  # in [-2, 2]: subtracted from the logit of every token generated so far
+    frequency_penalty: float = 0.0  # in [-2, 2]: times how often a token was generated so far, subtracted
+    # None = off; k in 0..20: each emitted token's log-probability under the decoding model's processed law, and
+    # the k likeliest tokens at its position (verispec/logprobs.py)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         method = get_method(self.method)
@@ -105,6 +114,10 @@ class DecodeConfig:
         check_drafter_settings(self, method)
         check_draft_confidence(self, method)
         check_adaptive_gamma(self, method)
+        object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))  # frozen: normalised once here
+        check_penalty("presence_penalty", self.presence_penalty)
+        check_penalty("frequency_penalty", self.frequency_penalty)
+        check_logprobs(self.logprobs)
 
     def relaxed_knobs(self) -> RelaxedKnobs:
         """Return the lossy rules' knobs (validated; ConfigError names a knob out of range)."""

@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 
 from verispec.models.protocol import CausalLM
+from verispec.processors import RoundProcessors
 from verispec.sampling import SamplingConfig, draw, process_logits
 
 
@@ -74,6 +75,7 @@ def draft_paths(
     vocab_size: int,
     stop_rule: StopRule | None = None,
     keep_hidden: bool = False,
+    processors: RoundProcessors | None = None,
 ) -> DraftBlock:
     """Return `n_paths` i.i.d. draft paths of length ≤ `gamma` continuing `tokens`.
 
@@ -82,6 +84,8 @@ def draft_paths(
     only), drafting also stops at the first token the rule rejects, scored on the hidden state that produced
     its q (§3.1) or on q alone; that token ends the block. The hidden state that produced each token's q is kept in
     `DraftBlock.hiddens` with a stop rule (it scores them) or with `keep_hidden` (one path: training data).
+    `processors`: the round's logit processors; a path's row at depth i counts its first i tokens as generated, as
+    the target's row at the same position does.
     """
     assert stop_rule is None or n_paths == 1, "a stop rule drafts a single path"
     assert not keep_hidden or n_paths == 1, "hidden states are kept for a single path"
@@ -95,7 +99,8 @@ def draft_paths(
     # Each depth's laws are written into q's own rows as they are drawn from, not stacked at the end: a copy of
     # K·γ rows of the vocabulary (4.8 MB for one path of 4), whose cache lines the draft's forwards have evicted.
     q = torch.empty(n_paths, gamma, out.logits.shape[-1], dtype=torch.float64, device=out.logits.device)
-    q_root = process_logits(out.logits, sampling, q[:1, 0])  # [1, V]
+    offsets = processors.rows([[]]) if processors is not None else None
+    q_root = process_logits(out.logits, sampling, q[:1, 0], offsets)  # [1, V]
     if n_paths > 1:
         q[1:, 0] = q_root
     forwards, fed = 1, len(new)
@@ -125,11 +130,13 @@ def draft_paths(
             parents = [positions[k][-1] if positions[k] else start - 1 for k in rows]  # each prefix's last token
             out = drafter.forward([last[k] for k in rows], n_logits=len(rows), parents=parents)  # [rows, V]
         forwards, fed = forwards + 1, fed + len(rows)
+        offsets = processors.rows([paths[k] for k in rows]) if processors is not None else None  # row j: rows[j]
         if len(rows) == n_paths:  # row k is path k's: the laws go straight into q
-            q_depth = process_logits(out.logits, sampling, q[:, depth])  # [K, V]
+            q_depth = process_logits(out.logits, sampling, q[:, depth], offsets)  # [K, V]
         else:
             q_depth = q[:, depth]
-            q_depth.copy_(process_logits(out.logits, sampling).index_select(0, torch.tensor(row_of, device=q.device)))
+            q_depth.copy_(process_logits(out.logits, sampling, offsets=offsets).index_select(
+                0, torch.tensor(row_of, device=q.device)))
         for k, path in enumerate(paths):
             positions[k].append(start + row_of[k])
             path.append(draw(q_depth[k], sampling, generator))

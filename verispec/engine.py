@@ -7,8 +7,8 @@ so after any rollback the next round simply re-feeds the missing tail: rollback 
 Public surface (what measurement code such as `learned.collect` and `bench.fixed_blocks` may use; the loop itself
 is built from the same pieces):
 - `Engine`, `DecodeConfig` (from `verispec.config`), `DecodeOutput`: decode token ids with any method;
-- `score_block(decoder, tokens, block, sampling) -> ScoredBlock`: one decoder pass over a drafted block (a prefix
-  tree when K > 1), with the processed law `p` `[K, γ'+1, V]` of every path position;
+- `score_block(decoder, tokens, block, sampling, processors=None) -> ScoredBlock`: one decoder pass over a drafted
+  block (a prefix tree when K > 1), with the processed law `p` `[K, γ'+1, V]` of every path position;
 - `roll_back(decoder, draft_model, base, scored, path, accepted)`: return both caches to the committed tokens;
 - `verify_block` / `verify_paths`: run a method's verifier on a scored block.
 Drafts come from `verispec.drafters` (`make_drafter(...).propose(DraftRequest(...))`).
@@ -17,6 +17,7 @@ Drafts come from `verispec.drafters` (`make_drafter(...).propose(DraftRequest(..
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -30,10 +31,12 @@ from verispec.drafters.adaptive import AdaptiveGamma
 from verispec.drafters.confidence import ConfidenceStop
 from verispec.drafting import DraftBlock, PrefixTree, StopRule, merge_paths
 from verispec.errors import ConfigError
+from verispec.logprobs import TokenLogprob, log_laws, token_logprobs
 from verispec.methods import Method, MultiPathResult, get_method
 from verispec.models.protocol import CausalLM
 from verispec.models.threads import shared_cores
-from verispec.sampling import SamplingConfig, process_logits
+from verispec.processors import LogitProcessors, RoundProcessors, RowOffsets, tree_prefixes
+from verispec.sampling import SamplingConfig, adjust_logits, process_logits
 from verispec.trace import RoundTrace, Trace
 from verispec.verify import PathLaws, candidate_tree_verify
 from verispec.verify.relaxed import relaxed_verify
@@ -49,6 +52,7 @@ class DecodeOutput:
     tokens: list[int]
     trace: Trace
     stopped_at_eos: bool
+    logprobs: list[TokenLogprob] | None = None  # one per token when `DecodeConfig.logprobs` is set, else None
 
 
 class Engine:
@@ -93,22 +97,28 @@ class Engine:
         prompt_ids: Sequence[int],
         config: DecodeConfig,
         on_commit: Callable[[list[int]], bool | None] | None = None,
+        on_logprobs: Callable[[list[TokenLogprob]], None] | None = None,
     ) -> DecodeOutput:
         """Generate from `prompt_ids` with `config`; return the new tokens and the trace.
 
         `on_commit`, when given, is called after every round with the tokens that round committed; a true return
         ends the decode at that round boundary (streaming, stop strings and cancellation use it; it never changes
-        which tokens are drawn).
+        which tokens are drawn). `on_logprobs` (with `config.logprobs` set) is called just before it with those
+        tokens' log-probabilities, for streaming them.
         """
         if len(prompt_ids) == 0:
             raise ConfigError("the prompt is empty: give at least one token")
         decoder, draft_model = self._models_for(config)
+        processors = LogitProcessors.of(config)
+        if processors is not None:
+            processors.check_vocab(decoder.vocab_size)
         with shared_cores(decoder, draft_model) as (decoder, draft_model):
-            return self._decode(prompt_ids, config, on_commit, decoder, draft_model)
+            return self._decode(prompt_ids, config, on_commit, on_logprobs, decoder, draft_model, processors)
 
     def _decode(self, prompt_ids: Sequence[int], config: DecodeConfig,
-                on_commit: Callable[[list[int]], bool | None] | None, decoder: CausalLM,
-                draft_model: CausalLM | None) -> DecodeOutput:
+                on_commit: Callable[[list[int]], bool | None] | None,
+                on_logprobs: Callable[[list[TokenLogprob]], None] | None, decoder: CausalLM,
+                draft_model: CausalLM | None, processors: LogitProcessors | None) -> DecodeOutput:
         """The loop of `decode`, with the models it chose (wrapped by `shared_cores`)."""
         method = get_method(config.method)
         drafter = make_drafter(config, draft_model)
@@ -132,6 +142,8 @@ class Engine:
         tokens = [int(t) for t in prompt_ids]
         n_prompt = len(tokens)
         stopped_at_eos = False
+        generated: Counter[int] = Counter()  # the penalties' counts: tokens committed so far, not the prompt
+        logprobs: list[TokenLogprob] | None = [] if config.logprobs is not None else None
         while len(tokens) - n_prompt < config.max_new_tokens:
             remaining = config.max_new_tokens - (len(tokens) - n_prompt)
             # A round emits at most gamma+1 tokens: never draft what cannot be kept.
@@ -141,9 +153,11 @@ class Engine:
             # 1. Draft: up to K paths of up to gamma tokens, with the q each token was drawn from.
             t0 = time.perf_counter()
             model_gamma = lengths.next() if lengths is not None else None
+            # The same processors, at the same counts, for the draft's q and the target's p (docs/algorithms.md §0).
+            round_processors = processors.at(generated) if processors is not None else None
             block = drafter.propose(DraftRequest(
                 tokens, config.paths, gamma, config.sampling, generator, self.eos_token_ids, decoder.vocab_size,
-                stop_rule, remaining=remaining, model_gamma=model_gamma,
+                stop_rule, remaining=remaining, model_gamma=model_gamma, processors=round_processors,
             ))
             t1 = time.perf_counter()
             trace.draft_calls += block.forwards
@@ -151,7 +165,7 @@ class Engine:
 
             # 2. One decoder pass over the uncached committed tokens plus the block (a tree when K > 1).
             base = len(tokens)
-            scored = score_block(decoder, tokens, block, config.sampling)
+            scored = score_block(decoder, tokens, block, config.sampling, round_processors)
             t2 = time.perf_counter()
             if decoder_is_draft:
                 trace.draft_calls, trace.draft_tokens = trace.draft_calls + 1, trace.draft_tokens + scored.fed
@@ -160,7 +174,7 @@ class Engine:
 
             # 3. Verify against the processed distributions actually sampled from.
             if method.relaxed:  # the gates read the unprocessed target law p̃ (docs/algorithms.md §6.2)
-                p_gate = scored.per_path(torch.softmax(scored.logits.to(torch.float64), dim=-1))
+                p_gate = scored.per_path(scored.gate_law())
                 single, leaks = relaxed_verify(method.name, block.as_tensor()[0], block.q[0], scored.p[0],
                                                p_gate[0], knobs, generator)
                 result = MultiPathResult(path=0, accepted=single.accepted, token=single.token)
@@ -177,6 +191,13 @@ class Engine:
                     break
             emitted = emitted[:remaining]
             tokens.extend(emitted)
+            if processors is not None:
+                generated.update(emitted)
+            if logprobs is not None:  # not part of the method: timed as neither drafting, target nor verification
+                round_logprobs = scored.logprobs(result.path, emitted, config.logprobs)
+                logprobs.extend(round_logprobs)
+                if on_logprobs is not None:
+                    on_logprobs(round_logprobs)
             if lengths is not None:
                 lengths.observe(block.drafter, block.length, result.accepted)
             round_trace = RoundTrace(
@@ -202,7 +223,7 @@ class Engine:
             # 5. Roll back both caches to the committed tokens they saw: the prefix, then the kept path.
             roll_back(decoder, draft_model, base, scored, result.path, result.accepted)
         trace.time_total = time.perf_counter() - start - trace.time_diagnostics
-        return DecodeOutput(tokens=tokens[n_prompt:], trace=trace, stopped_at_eos=stopped_at_eos)
+        return DecodeOutput(tokens=tokens[n_prompt:], trace=trace, stopped_at_eos=stopped_at_eos, logprobs=logprobs)
 
 
 @dataclass
@@ -214,33 +235,61 @@ class ScoredBlock:
     logits: torch.Tensor  # [N+1, V] the decoder's logits at the root (last committed token) and at each tree node
     fed: int  # tokens the pass processed: the committed tokens the cache lacked, then the tree nodes
     sampling: SamplingConfig
+    offsets: RowOffsets | None = None  # the logit processors' offsets of the N+1 rows; None: no processor set
 
     @cached_property
     def p(self) -> torch.Tensor:
         """Return the processed law (float64) sampled from at every path position, `[K, γ'+1, V]` (computed on
         first use, so that the loop times it as verification, not as the decoder's pass)."""
-        return self.per_path(process_logits(self.logits, self.sampling))
+        return self.per_path(self._process(self.logits, None, None))
 
     @cached_property
     def laws(self) -> PathLaws:
         """Return the same law as `p`, each node's row processed on first read (for verifiers that read few rows)."""
         if "p" in self.__dict__:  # already processed: hand out its rows
             return PathLaws.of(self.p)
-        return PathLaws(lambda nodes, out: process_logits(node_logits(self.logits, nodes), self.sampling, out),
+        return PathLaws(lambda nodes, out: self._process(node_logits(self.logits, nodes), out, nodes),
                         path_nodes(self.tree), self.logits.shape[-1])
+
+    def gate_law(self) -> torch.Tensor:
+        """Return the lossy gates' law p̃ of every row, `[N+1, V]` float64: the softmax at temperature 1, without
+        top-k / top-p, of the logits with the logit processors applied (a banned token is banned for a gate too)."""
+        return torch.softmax(adjust_logits(self.logits, self.offsets).to(torch.float64), dim=-1)
+
+    def logprobs(self, path: int, tokens: list[int], k: int) -> list[TokenLogprob]:
+        """Return the log-probabilities of `tokens`, the first tokens emitted on `path` (its kept prefix, then the
+        extra token), each from the row it was verified against: row i of the path for token i (`verispec.logprobs`)."""
+        if not self.sampling.greedy and "p" in self.__dict__:  # the very law the round used
+            return token_logprobs(self.p[path, : len(tokens)].log(), tokens, k)
+        nodes = path_nodes(self.tree)[path, : len(tokens)].tolist()
+        return token_logprobs(log_laws(node_logits(self.logits, nodes), self.sampling, self._offsets(nodes)), tokens, k)
+
+    def _offsets(self, nodes: list[int]) -> RowOffsets | None:
+        return None if self.offsets is None else self.offsets.select(nodes)
+
+    def _process(self, logits: torch.Tensor, out: torch.Tensor | None, nodes: list[int] | None) -> torch.Tensor:
+        """Return `process_logits` of the rows `nodes` (None: all N+1), with their offsets only when a processor
+        is set: the call without processors stays the one it was."""
+        if self.offsets is None:
+            return process_logits(logits, self.sampling, out)
+        offsets = self.offsets if nodes is None else self.offsets.select(nodes)
+        return process_logits(logits, self.sampling, out, offsets)
 
     def per_path(self, node_rows: torch.Tensor) -> torch.Tensor:
         """Return rows `[N+1, ...]` of the root and the tree nodes laid out per path, `[K, γ'+1, ...]`."""
         return path_rows(node_rows, self.tree)
 
 
-def score_block(decoder: CausalLM, tokens: list[int], block: DraftBlock, sampling: SamplingConfig) -> ScoredBlock:
+def score_block(decoder: CausalLM, tokens: list[int], block: DraftBlock, sampling: SamplingConfig,
+                processors: RoundProcessors | None = None) -> ScoredBlock:
     """Run the decoder once over the committed `tokens` its cache lacks plus the draft paths of `block`; return
     the logits with, through `.p`, the processed law `[K, γ'+1, V]` (row i of path k: after its first i tokens).
+    `processors`: the round's logit processors; each tree node's row counts the drafted tokens up to it.
 
     The cache must lack at least the last committed token (the root's logits); `roll_back` restores that."""
     logits, tree, fed = tree_pass(decoder, tokens, block)
-    return ScoredBlock(block, tree, logits, fed, sampling)
+    offsets = processors.rows(tree_prefixes(tree.tokens, tree.parents)) if processors is not None else None
+    return ScoredBlock(block, tree, logits, fed, sampling, offsets)
 
 
 def roll_back(decoder: CausalLM, draft_model: CausalLM | None, base: int, scored: ScoredBlock, path: int,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from verispec.config import MULTIPATH_PATHS, SETTINGS, DecodeConfig
 from verispec.models.fastpath import LINEAR_BACKENDS
@@ -74,6 +75,38 @@ def add_decode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-confidence", type=float, default=DecodeConfig.draft_confidence,
                         help="h: a draft path ends after a token the draft drew with probability below h (sd, bv; "
                              "T > 0; lossless: only the draft length changes; default: never)")
+
+
+class _LogitBias(argparse.Action):
+    """Collect `ID=BIAS` pairs into the dict `DecodeConfig.logit_bias` takes (ranges are checked by it)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        bias = dict(getattr(namespace, self.dest) or {})
+        for pair in values:  # nargs="+": a list of strings
+            token, sep, amount = pair.partition("=")
+            try:
+                if not sep:
+                    raise ValueError(pair)
+                bias[int(token)] = float(amount)
+            except ValueError:
+                parser.error(f"{option_string}: expected ID=BIAS (a token id and a number), got {pair!r}")
+        setattr(namespace, self.dest, bias)
+
+
+def add_processor_options(parser: argparse.ArgumentParser) -> None:
+    """Add OpenAI's logit processors and log-probabilities (`DecodeConfig`'s logit_bias, presence_penalty,
+    frequency_penalty, logprobs)."""
+    parser.add_argument("--logit-bias", nargs="+", action=_LogitBias, default=DecodeConfig.logit_bias,
+                        metavar="ID=BIAS", help="add BIAS (-100..100) to token ID's logit, e.g. --logit-bias 13=-100 "
+                        "42=5 (both models, before temperature; every method stays as lossless as it was)")
+    parser.add_argument("--presence-penalty", type=float, default=DecodeConfig.presence_penalty,
+                        help="-2..2: subtracted from the logit of every token generated so far (default: 0)")
+    parser.add_argument("--frequency-penalty", type=float, default=DecodeConfig.frequency_penalty,
+                        help="-2..2: times how often a token was generated so far, subtracted (default: 0)")
+    parser.add_argument("--logprobs", type=int, default=DecodeConfig.logprobs, metavar="K",
+                        help="report each token's log-probability and the K (0..20) likeliest tokens at its "
+                             "position (on standard error, or in the --json output)")
 
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:

@@ -1,7 +1,9 @@
 """Logits -> the distribution actually sampled from (temperature, top-k, top-p), and seeded sampling.
 
 Draft and target logits go through the same `process_logits`, and verification always sees these processed
-distributions (docs/algorithms.md §0: "verification must use exactly the distributions that were sampled").
+distributions (docs/algorithms.md §0: "verification must use exactly the distributions that were sampled"). The
+logit processors (logit_bias, presence and frequency penalties, `verispec.processors`) come first, as offsets that
+`process_logits` adds before temperature, top-k and top-p, so that both models' rows take them the same way.
 Probabilities are float64: the verification rules divide and subtract them, and the vocabularies are small
 enough (γ+1 rows) that the extra precision costs nothing measurable.
 """
@@ -10,11 +12,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from verispec.errors import ConfigError
+
+if TYPE_CHECKING:
+    from verispec.processors import RowOffsets
 
 
 @dataclass(frozen=True)
@@ -55,25 +61,34 @@ def softmax_rows(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch
     return probs.div_(probs.sum(dim=-1, keepdim=True))
 
 
-def process_logits(logits: torch.Tensor, config: SamplingConfig, out: torch.Tensor | None = None) -> torch.Tensor:
+def process_logits(logits: torch.Tensor, config: SamplingConfig, out: torch.Tensor | None = None,
+                   offsets: RowOffsets | None = None) -> torch.Tensor:
     """Return the float64 probabilities sampled from, for logits `[..., V]` (rows sum to 1); written into `out`
-    (float64, of the logits' shape) and returned as it, when given."""
-    probs = _process_logits(logits, config, out)
+    (float64, of the logits' shape) and returned as it, when given. `offsets`: the logit processors' offsets of
+    these rows (`verispec.processors`), added before everything else; None: no processor is set."""
+    probs = _process_logits(logits, config, out, offsets)
     if out is not None and probs.data_ptr() != out.data_ptr():
         out.copy_(probs)
         return out
     return probs
 
 
-def _process_logits(logits: torch.Tensor, config: SamplingConfig, out: torch.Tensor | None) -> torch.Tensor:
+def adjust_logits(logits: torch.Tensor, offsets: RowOffsets | None) -> torch.Tensor:
+    """Return `logits` `[..., V]` with the processors' `offsets` added (float64), or as they are when None."""
+    return logits if offsets is None else offsets.apply(logits)
+
+
+def _process_logits(logits: torch.Tensor, config: SamplingConfig, out: torch.Tensor | None,
+                    offsets: RowOffsets | None) -> torch.Tensor:
     if config.greedy:
         # A point mass: the verification rules then reduce to "accept iff the argmaxes agree". The argmax is taken
         # on the logits as they come (widening to float64 is exact, so it is the same index), without a float64
-        # copy of them: 0.26 against 1.26 ms per 151,936-token row, once per drafted token and verified row.
+        # copy of them: 0.26 against 1.26 ms per 151,936-token row, once per drafted token and verified row. With
+        # processors, `RowOffsets.argmax` keeps that: it widens only the offset columns.
         probs = torch.zeros(logits.shape, dtype=torch.float64, device=logits.device)
-        probs.scatter_(-1, first_argmax(logits), 1.0)
+        probs.scatter_(-1, first_argmax(logits) if offsets is None else offsets.argmax(logits), 1.0)
         return probs
-    logits = logits.to(torch.float64)
+    logits = adjust_logits(logits, offsets).to(torch.float64)
     scaled = logits if config.temperature == 1.0 else logits / config.temperature  # nothing is mutated below
     # Dividing by T < 1 can overflow a finite logit (T ≈ 1e-320), and inf - inf would make softmax NaN; division
     # keeps infinities and NaNs as they are, so an overflow shows as fewer finite entries (counted: cheaper than

@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 
 from verispec.drafting import DraftBlock, StopRule
+from verispec.processors import RoundProcessors
 from verispec.sampling import SamplingConfig
 
 
@@ -33,6 +34,9 @@ class DraftRequest:
     # the most tokens the draft model may draft this round (≤ gamma; None: gamma), set by an adaptive length rule
     # (`verispec.drafters.adaptive`); lookup rounds cost no draft forward and keep `gamma`
     model_gamma: int | None = None
+    # the round's logit processors (logit_bias, penalties), applied to the draft model's logits as to the target's;
+    # None: none set
+    processors: RoundProcessors | None = None
 
     @property
     def model_length(self) -> int:

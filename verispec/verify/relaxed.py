@@ -11,10 +11,11 @@ context c, a gate that keeps v with probability a(v) (independent of the SD unif
 
 A gate that never fires leaves SD's law, its draws and so its tokens unchanged: every rule has a lossless end.
 
-Gates read the target's **unprocessed** distribution p̃ = softmax(logits) (temperature 1, no top-k / top-p),
-the model's own uncertainty, so that a knob means the same at every temperature (at temperature 0 the processed
-p is a point mass and a gate on it could never relax anything). The SD test, the residual and the bonus use the
-processed p and q as always. At temperature 1 without top-k / top-p, p̃ = p. Fuzzy compares the processed p and q.
+Gates read the target's **unprocessed** distribution p̃ = softmax(logits) (temperature 1, no top-k / top-p; the
+logit processors, logit_bias and penalties, applied), the model's own uncertainty, so that a knob means the same at
+every temperature (at temperature 0 the processed p is a point mass and a gate on it could never relax anything).
+The SD test, the residual and the bonus use the processed p and q as always. At temperature 1 without top-k /
+top-p, p̃ = p. Fuzzy compares the processed p and q.
 
 | rule      | gate at a position (p̃: unprocessed target; H: entropy in nats)          | lossless end        |
 |-----------|--------------------------------------------------------------------------|---------------------|
