@@ -103,6 +103,8 @@ def test_draining_lets_a_stream_run_for_the_grace_then_ends_it_and_refuses_the_r
         status, _, body = request(url, "POST", "/v1/chat/completions", CHAT)
         assert status == 503 and body["error"]["type"] == "service_unavailable"
         assert "shutting down" in body["error"]["message"]
+        status, _, body = request(url, "GET", "/health")
+        assert status == 503 and body["status"] == "shutting down"  # a load balancer stops sending here
         queued.join(30)
         assert waiting[0][0] == 503  # it waited, never started: refused too
         rest = list(events)

@@ -68,6 +68,8 @@ def create_app(decoder: Any = None, config: ServeConfig | None = None, backend: 
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        if backend.draining():  # a load balancer stops sending here while running answers finish
+            return JSONResponse({"status": "shutting down", "error": None}, status_code=503)
         if backend.ready:
             return JSONResponse({"status": "ready", "model": config.model_name})
         status = "failed" if backend.load_error else "loading"
