@@ -33,12 +33,14 @@ import gguf
 import torch
 
 from verispec.errors import ConfigError, ModelFilesError
+from verispec.models import layer_cache
 from verispec.models.cache import cache_dir
 from verispec.models.fastpath import record_linear_backend
 from verispec.models.gguf_blocks import FOUR_BIT, GGML, dequantize, four_bit_levels, readable
 from verispec.models.gguf_file import GGUFFile, TensorEntry, type_name
 from verispec.models.gguf_layers import COUNTS, BlockEmbedding, add_counts, kernel_layer
 from verispec.models.int4 import use_int4_linears
+from verispec.models.layer_cache import LayerCache
 from verispec.models.manifest import (
     cache_lock,
     file_manifest,
@@ -128,6 +130,8 @@ class GGUFModel:
     tokenizer: Any
     counts: dict[str, int]  # the decoder's layers per kind, as `use_int4_linears` counts them
     head_type: GGML  # how the GGUF stores the output layer (the embedding's type where the two are tied)
+    head_rows: int  # the output layer's rows in the file (a draft's reduced head has fewer: not cached)
+    layers: LayerCache  # the layers computed rather than repacked, found in or kept for the cache
 
 
 def load_gguf_model(path: str | Path, files: Path, round_to_4bit: bool = False, prompt: str = "auto") -> GGUFModel:
@@ -164,11 +168,12 @@ def load_gguf_model(path: str | Path, files: Path, round_to_4bit: bool = False, 
     _rebuild_buffers(model)
     counts = dict.fromkeys(COUNTS, 0)
     names = {module: name for name, module in model.named_modules()}
+    cache = LayerCache(layer_cache.folder_for(cache_dir(), Path(files).name, round_to_4bit), str(path))
 
     def make(module: torch.nn.Linear) -> Any:
         name = names[module]
         layer, kinds = kernel_layer(module, lambda: weights.float(f"{name}.weight"), weights.levels(f"{name}.weight"),
-                                    round_to_4bit, prompt)
+                                    round_to_4bit, prompt, cache, name)
         add_counts(counts, kinds)
         return layer
 
@@ -176,9 +181,9 @@ def load_gguf_model(path: str | Path, files: Path, round_to_4bit: bool = False, 
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
     if left:
         raise ModelFilesError(f"the GGUF file {path} has no tensor for {left[0]}")
-    head_name = "model.embed_tokens.weight" if tied else "lm_head.weight"
-    return GGUFModel(model.eval(), AutoTokenizer.from_pretrained(str(files)), counts,
-                     weights.entry_of(head_name)[1].ggml_type)
+    head_entry = weights.entry_of("model.embed_tokens.weight" if tied else "lm_head.weight")[1]
+    return GGUFModel(model.eval(), AutoTokenizer.from_pretrained(str(files)), counts, head_entry.ggml_type,
+                     head_entry.shape[0], cache)
 
 
 def finish_gguf_model(model: Any, built: GGUFModel, backend: str, requested: str | None = None) -> None:
@@ -192,12 +197,15 @@ def finish_gguf_model(model: Any, built: GGUFModel, backend: str, requested: str
     if built.head_type in FOUR_BIT:
         counts = use_int4_linears(head, lm_head=head, round_to_4bit=rounded)
     else:
+        cache = built.layers if head.out_features == built.head_rows else None  # a reduced head is not cached
+
         def make(module: torch.nn.Linear) -> Any:
-            layer, kinds = kernel_layer(module, lambda: module.weight, None, rounded, prompt=None)
+            layer, kinds = kernel_layer(module, lambda: module.weight, None, rounded, None, cache, "lm_head")
             add_counts(counts, kinds)
             return layer
 
         replace_linears(head, make, lm_head=head)
+    built.layers.save()
     record_linear_backend(model, backend, requested or backend, add_counts(counts, built.counts))
     _return_freed_memory()
 

@@ -31,6 +31,7 @@ from verispec.models.int4 import (
     grid_4bit,
     use_int4_linears,
 )
+from verispec.models.layer_cache import LayerCache
 from verispec.models.prompt_linear import Bf16Linear, prompt_copy, prompt_format, prompt_layer
 from verispec.models.quantized import QuantizedLinear
 
@@ -90,19 +91,20 @@ def lazy_prompt_copy(layer: Int4Linear | Int8RowLinear, bias: torch.Tensor | Non
 
 
 def kernel_layer(module: torch.nn.Linear, weight: Callable[[], torch.Tensor], levels: tuple | None = None,
-                 round_to_4bit: bool = False, prompt: str | None = "auto") -> tuple[Any, dict[str, int]]:
+                 round_to_4bit: bool = False, prompt: str | None = "auto", cache: LayerCache | None = None,
+                 name: str = "") -> tuple[Any, dict[str, int]]:
     """Return (the int4 path's layer for the linear `module`, its count per kind). `weight()`: its float32 weight
     (called only where needed); `levels`: its (q, scale, offset) where the GGUF stores it in 4-bit blocks.
-    `prompt`: the prompt copy's format, None for no copy (an LM head reads one row per prompt)."""
+    `prompt`: the prompt copy's format, None for no copy (an LM head reads one row per prompt). `cache`: where a
+    layer computed from `weight()` is found or kept, as `name` (`verispec.models.layer_cache`)."""
     counts = dict.fromkeys(COUNTS, 0)
     if fits_4bit(module) and levels is not None:
         layer, counts["int4"] = Int4Linear(*levels, module.bias), 1
-    elif fits_4bit(module) and round_to_4bit:
-        q, scale, offset, share = grid_4bit(weight())
-        layer, counts["int4"] = Int4Linear(q, scale, offset, module.bias), 1
-        counts["int4_rounded"] = int(share < ON_GRID)
-    elif fits_4bit(module) and module.in_features <= MAX_INT8_INPUTS:
-        layer, counts["int8_rows"] = Int8RowLinear(weight(), module.bias), 1
+    elif fits_4bit(module) and (round_to_4bit or module.in_features <= MAX_INT8_INPUTS):
+        def compute() -> tuple[Any, dict[str, int]]:
+            return _computed_layer(module, weight(), round_to_4bit)
+
+        layer, counts = cache.layer(name, compute) if cache is not None else compute()
     else:  # a shape the kernel does not take: the float path's own layer (fbgemm), prompt copy included
         single = torch.nn.Linear(module.in_features, module.out_features, bias=False, device="meta")
         single.weight = torch.nn.Parameter(weight(), requires_grad=False)
@@ -137,6 +139,19 @@ class BlockEmbedding(torch.nn.Module):
         """Return the float32 rows [..., dim] of token `ids` [...]."""
         rows = self.blocks.index_select(0, ids.reshape(-1))
         return dequantize(rows, self.ggml_type, (rows.shape[0], self.embedding_dim)).reshape(*ids.shape, -1)
+
+
+def _computed_layer(module: torch.nn.Linear, weight: torch.Tensor, round_to_4bit: bool
+                    ) -> tuple[Int4Linear | Int8RowLinear, dict[str, int]]:
+    """Return (layer, counts) for a linear whose `weight` lies on no 4-bit grid the file states: rounded onto one
+    (`round_to_4bit`, "int4-rounded") or in int8 per row."""
+    counts = dict.fromkeys(COUNTS, 0)
+    if round_to_4bit:
+        q, scale, offset, share = grid_4bit(weight)
+        counts["int4"], counts["int4_rounded"] = 1, int(share < ON_GRID)
+        return Int4Linear(q, scale, offset, module.bias), counts
+    counts["int8_rows"] = 1
+    return Int8RowLinear(weight, module.bias), counts
 
 
 def add_counts(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:

@@ -191,6 +191,20 @@ class Int4Linear(KernelLinear):
     def _run(self, rows: torch.Tensor) -> torch.Tensor:
         return self.kernel.linear(rows, self.packed, self.bias)
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """Return the tensors `from_state` rebuilds this layer from (its prompt copy is not among them)."""
+        return {"packed": self.packed, "bias": self.bias}
+
+    @classmethod
+    def from_state(cls, state: dict[str, torch.Tensor]) -> Int4Linear:
+        """Return the layer whose `state()` is `state`, without packing anything again."""
+        layer = cls.__new__(cls)
+        quads, groups = state["packed"].shape[:2]
+        layer.out_features, layer.in_features = quads * QUAD * ROWS, groups * GROUP
+        layer.packed, layer.bias = huge_page_copy(state["packed"]), state["bias"].float().contiguous()
+        layer.prompt_linear, layer.kernel = None, extension()
+        return layer
+
     def dequantized(self) -> torch.Tensor:
         """Return the float32 weights [out, in] this layer computes with (for tests and error reports)."""
         quads, groups = self.packed.shape[:2]
@@ -244,6 +258,21 @@ class Int8RowLinear(KernelLinear):
 
     def _run(self, rows: torch.Tensor) -> torch.Tensor:
         return self.kernel.linear8(rows, self.packed, self.scale, self.rowsum, self.bias)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Return the tensors `from_state` rebuilds this layer from (its prompt copy is not among them)."""
+        return {"packed": self.packed, "scale": self.scale, "rowsum": self.rowsum, "bias": self.bias}
+
+    @classmethod
+    def from_state(cls, state: dict[str, torch.Tensor]) -> Int8RowLinear:
+        """Return the layer whose `state()` is `state`, without quantizing or packing anything again."""
+        layer = cls.__new__(cls)
+        quads, chunks = state["packed"].shape[:2]
+        layer.out_features, layer.in_features = quads * QUAD * ROWS, chunks * GROUP
+        layer.packed = huge_page_copy(state["packed"])
+        layer.scale, layer.rowsum = state["scale"].contiguous(), state["rowsum"].contiguous()
+        layer.bias, layer.prompt_linear, layer.kernel = state["bias"].float().contiguous(), None, extension()
+        return layer
 
     def dequantized(self) -> torch.Tensor:
         """Return the float32 weights [out, in] this layer computes with (for tests and error reports)."""
