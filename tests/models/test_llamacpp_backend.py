@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from verispec.errors import ConfigError, ModelFilesError
+from verispec.limits import context_length
 from verispec.models import llamacpp
 from verispec.native import llamacpp_build
 
@@ -47,6 +48,7 @@ def test_real_backend_rolls_back_exactly_and_refuses_trees(tmp_path):
     ids = [750, 75698, 1445, 1648, 198, 262, 421, 308, 2651, 220, 16, 25]
     whole = model.forward(ids, n_logits=4).logits
     assert whole.shape == (4, model.vocab_size) and model.cache_length == len(ids)
+    assert context_length(model) == model.context > 0  # the pre-flight context check sees llama.cpp's context
     model.reset()
     model.forward(ids[:8])
     fresh = model.forward(ids[8:], n_logits=4).logits

@@ -88,6 +88,11 @@ class LlamaCppModel:
         """Return the number of tokens held in the KV cache."""
         return self._length
 
+    @property
+    def context_length(self) -> int:
+        """The tokens this model's llama.cpp context holds: what the pre-flight context check reads."""
+        return self.context
+
     def forward(self, tokens: Sequence[int], n_logits: int = 1, return_hidden: bool = False,
                 parents: Sequence[int] | None = None) -> ForwardOutput:
         """Append `tokens` to the cache and return the last `n_logits` positions' logits `[n_logits, V]`."""
