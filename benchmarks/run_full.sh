@@ -41,6 +41,8 @@
 # prompts' text, in benchmarks/results/NAME.json.gz (committed; `verispec archive`), and a run resumes from there on
 # a machine that lacks results/full/NAME.json. On a 2-core CPU these runs take about 30 hours together.
 # The sd and bv variants here name the drafter they measure (the model drafter; the default for sd and bv is hybrid).
+# Runs archived before sd and bv chose γ per round by default measured a fixed γ; a rerun of those measures the
+# adaptive γ unless its variants add adaptive_gamma=false (the default-* runs name both).
 # TAG=WORD appends -WORD to the run's name: a fresh run (another machine, another commit) beside the archived one.
 #
 # Prompt sets. Evaluation prompts never overlap SPRINTER's training prompts: the verifiers are trained on the dev
@@ -254,8 +256,10 @@ default_run() {  # default_run SOURCE TEMPERATURE UPTO: the default path, no fla
     peer="llamacpp-generate:isa=$ISA" name="$name-$ISA"
   fi
   sd_prompts "$1"
+  # (the archives, measured before the adaptive γ became the default, hold the fixed γ as `sd` and the default as
+  # `sd:adaptive_gamma=true`; a fresh run names them `sd:adaptive_gamma=false` and `sd`)
   bench "$name" "$3" "${PROMPTS[@]}" --temperature "$2" \
-    --methods ar sd sd:adaptive_gamma=true sd:drafter=model "$peer" --compare-to "$peer"
+    --methods ar sd sd:adaptive_gamma=false sd:drafter=model "$peer" --compare-to "$peer"
 }
 
 profiles() {  # the cost model's profiles: verispec's oneDNN linears, and transformers' own linears for the peers

@@ -34,7 +34,10 @@ LOSSY = {
 
 def decode(engine, method, seed, **knobs):
     # the model drafter throughout: the relaxed rules gate the draft model's tokens, and sd is their lossless end
-    config = DecodeConfig(method, gamma=4, max_new_tokens=40, sampling=WARM, seed=seed, drafter="model", **knobs)
+    # and sd's fixed γ: the relaxed rules draft γ tokens every round
+    fixed = {"adaptive_gamma": False} if method == "sd" else {}
+    config = DecodeConfig(method, gamma=4, max_new_tokens=40, sampling=WARM, seed=seed, drafter="model", **fixed,
+                          **knobs)
     return engine.decode([0, 1], config)
 
 
