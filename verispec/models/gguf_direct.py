@@ -197,7 +197,9 @@ def finish_gguf_model(model: Any, built: GGUFModel, backend: str, requested: str
     if built.head_type in FOUR_BIT:
         counts = use_int4_linears(head, lm_head=head, round_to_4bit=rounded)
     else:
-        cache = built.layers if head.out_features == built.head_rows else None  # a reduced head is not cached
+        # a draft's reduced head (`ReducedHead`, or a sliced linear) is this load's own: not cached
+        full = isinstance(head, torch.nn.Linear) and head.out_features == built.head_rows
+        cache = built.layers if full else None
 
         def make(module: torch.nn.Linear) -> Any:
             layer, kinds = kernel_layer(module, lambda: module.weight, None, rounded, None, cache, "lm_head")
