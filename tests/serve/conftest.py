@@ -43,7 +43,7 @@ class HeldDecoder(Decoder):
         engine, held = super().engine(config), self
 
         class Held:
-            def decode(self, prompt_ids: list[int], config: Any, on_commit: Any = None) -> Any:
+            def decode(self, prompt_ids: list[int], config: Any, on_commit: Any = None, on_logprobs: Any = None) -> Any:
                 held.decoding.set()
                 held.decode_gate.wait()
                 held.rounds.append(0)
@@ -53,7 +53,7 @@ class HeldDecoder(Decoder):
                     time.sleep(held.round_delay)
                     return on_commit(tokens) if on_commit is not None else None
 
-                return engine.decode(prompt_ids, config, slowed)
+                return engine.decode(prompt_ids, config, slowed, on_logprobs=on_logprobs)
 
         return Held()
 

@@ -46,6 +46,10 @@ TOP: dict[str, list[Any]] = {  # plausible values of the top-level fields
     "temperature": [0, 0.7, 1.0, 2.0, -1], "top_p": [0.1, 0.9, 1.0, 0], "seed": [0, 5, 2**64 - 1, 2**64, -1],
     "stop": ["e", ["a", "b"], ["x"] * 5, "z" * 513, [""]], "n": [1, 2, None], "stream": [True, False],
     "stream_options": [{"include_usage": True}, {"include_usage": False, "include_obfuscation": True}, {"x": 1}],
+    "logprobs": [True, False, 0, 2, 20, 21], "top_logprobs": [0, 1, 20, 21],
+    "logit_bias": [{}, {"5": 100}, {"5": -100, "6": 2.5}, {"43": 1, "44": 1}, {"5": 101}, {"x": 1}, {"9" * 5000: 1},
+                   {str(i): -1 for i in range(301)}],
+    "presence_penalty": [0, 0.5, -2, 2, 2.5], "frequency_penalty": [0, 1.5, -2, 2, -2.5],
 }
 UNKNOWN = ["foo", "Model", "verispec_x", "", "messages ", "prompt"]
 # prompt texts: plain, empty, a lone surrogate, and past the 64 characters per token of the tiny models' context

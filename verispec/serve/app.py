@@ -17,8 +17,9 @@ from starlette.exceptions import HTTPException
 
 from verispec.serve import bounds, responses
 from verispec.serve.config import ServeConfig
+from verispec.serve.logprobs import Entry
 from verispec.serve.metrics import ServerMetrics
-from verispec.serve.prompts import check_memory, check_prompt_size, fit_max_tokens
+from verispec.serve.prompts import check_logit_bias, check_memory, check_prompt_size, fit_max_tokens
 from verispec.serve.schemas import APIError, ChatRequest, CompletionRequest, parse, settings
 from verispec.serve.streaming import sse
 from verispec.serve.worker import Backend, Delta, EngineWorker, Failed, Finished, Job
@@ -142,6 +143,7 @@ async def _generate(request: Request, backend: Backend, config: ServeConfig, kin
     if decoder is not None:
         check_memory(decoder, wanted.config, len(ids), len(ids) + budget,
                      "max_tokens" if wanted.max_tokens_given else None)
+        check_logit_bias(decoder, wanted.config)
     job = Job(ids, dataclasses.replace(wanted.config, max_new_tokens=budget), wanted.stop)
     job.bind()
     backend.submit(job)
@@ -156,9 +158,12 @@ async def _generate(request: Request, backend: Backend, config: ServeConfig, kin
             return StreamingResponse(_stream(events, job, header, wanted.include_usage),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         parts: list[str] = []
+        entries: list[Entry] | None = [] if job.config.logprobs is not None else None
         async for event in events:
             if isinstance(event, Delta):
                 parts.append(event.text)
+                if entries is not None:
+                    entries.extend(event.logprobs or [])
             elif isinstance(event, Failed):
                 raise event.error
         if job.cancelled.is_set():
@@ -170,7 +175,10 @@ async def _generate(request: Request, backend: Backend, config: ServeConfig, kin
         watcher.cancel()
     usage = responses.usage(event.prompt_tokens, event.completion_tokens)
     stats = responses.verispec_block(job.config, event.trace, event.timed_out)
-    return JSONResponse(responses.full_body(header, "".join(parts) + event.text, event.finish_reason, usage, stats))
+    if entries is not None:
+        entries.extend(event.logprobs or [])
+    body = responses.full_body(header, "".join(parts) + event.text, event.finish_reason, usage, stats, entries)
+    return JSONResponse(body)
 
 
 async def _read_body(request: Request) -> bytes:
@@ -207,14 +215,17 @@ async def _stream(events: AsyncIterator[Any], job: Job, header: responses.Respon
         yield sse(responses.chunk(header, "", first=True))
         async for event in events:
             if isinstance(event, Delta):
-                yield sse(responses.chunk(header, event.text))
+                yield sse(responses.chunk(header, event.text, logprobs=event.logprobs))
             elif isinstance(event, Failed):
                 yield sse(event.error.body())
             elif isinstance(event, Finished):
+                rest = event.logprobs  # the last tokens' entries go with the last text, or with the finish reason
                 if event.text:
-                    yield sse(responses.chunk(header, event.text))
+                    yield sse(responses.chunk(header, event.text, logprobs=rest))
+                    rest = None
                 stats = responses.verispec_block(job.config, event.trace, event.timed_out)
-                yield sse(responses.chunk(header, None, event.finish_reason) | {"verispec": stats})
+                last = responses.chunk(header, None, event.finish_reason, logprobs=rest or None)
+                yield sse(last | {"verispec": stats})
                 if include_usage:
                     usage = responses.usage(event.prompt_tokens, event.completion_tokens)
                     yield sse(responses.usage_chunk(header, usage, stats))

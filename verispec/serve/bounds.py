@@ -25,6 +25,7 @@ MAX_NGRAM_GAMMA = 64  # verispec.ngram_gamma: lookup tokens cost no draft forwar
 MAX_NGRAM = 16  # verispec.ngram_min / ngram_max: the index holds (ngram_max − ngram_min + 1) n-grams per token
 MAX_STOPS = 4  # stop strings, as OpenAI
 MAX_STOP_CHARS = 512  # characters per stop string: each round compares every prefix of every stop string
+MAX_LOGIT_BIAS = 300  # logit_bias entries: each is a column that every row of every round offsets
 MAX_CHARS_PER_TOKEN = 64  # prompt characters per token of context: longer text cannot fit, and is not tokenized
 # The context assumed for models that state none: the default pair's (Qwen2.5: 32,768 positions).
 UNSTATED_CONTEXT = 32768

@@ -1,4 +1,4 @@
-"""Requests -> prompt token ids, and the checks that a request fits: its prompt, its context and its memory.
+"""Requests -> prompt token ids, and the checks that a request fits: its prompt, context, memory and logit bias.
 
 Chat messages go through the tokenizer's chat template. A tokenizer without one (the tiny test models) gets the
 messages' contents joined by newlines as raw text: one user message is then encoded exactly as
@@ -13,7 +13,10 @@ from typing import Any
 import torch
 
 from verispec.engine import DecodeConfig
+from verispec.errors import ConfigError
 from verispec.limits import context_length
+from verispec.methods import get_method
+from verispec.processors import LogitProcessors
 from verispec.serve import bounds
 from verispec.serve.schemas import ROLES, APIError, Message
 
@@ -98,3 +101,16 @@ def fit_max_tokens(n_prompt: int, max_tokens: int, limit: int | None, given: boo
         f"max_tokens is {max_tokens if given else 'at least 1'} ({n_prompt + (max_tokens if given else 1)} in all)",
         param="max_tokens" if given else None,
     )
+
+
+def check_logit_bias(decoder: Any, config: DecodeConfig) -> None:
+    """Raise APIError 400 naming logit_bias when a biased token id is outside the vocabulary of the model that
+    decodes with `config`: checked before the request waits in the queue (the engine checks again when it decodes)."""
+    processors = LogitProcessors.of(config)
+    if processors is None:
+        return
+    model = decoder.models_for(config)[get_method(config.method).decoder]
+    try:
+        processors.check_vocab(model.vocab_size)
+    except ConfigError as exc:
+        raise APIError(400, str(exc), param="logit_bias") from None

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from verispec.engine import DecodeConfig
+from verispec.serve.logprobs import LOGPROB_FLOOR, Entry, TokenText
 from verispec.trace import Trace
 
 
@@ -52,27 +54,61 @@ def verispec_block(config: DecodeConfig, trace: Trace, timed_out: bool) -> dict[
     }
 
 
+def _finite(logprob: float) -> float:
+    """Return `logprob` for JSON: −inf (and anything below the floor) as OpenAI's −9999."""
+    return logprob if logprob > LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
+def _item(name: TokenText, logprob: float) -> dict[str, Any]:
+    return {"token": name.text, "logprob": _finite(logprob), "bytes": name.bytes}
+
+
+def logprobs_body(kind: str, entries: Sequence[Entry] | None) -> dict[str, Any] | None:
+    """Return a choice's `logprobs` object for `entries` (None: not asked for, written as null).
+
+    Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal"}.
+    Completions (the legacy format): {"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"},
+    `text_offset` counting characters of the generated text (no prompt: this server does not echo it). Two
+    alternatives with the same text (e.g. two partial characters, both U+FFFD) share a key there: the likelier stays.
+    """
+    if entries is None:
+        return None
+    if kind == "chat":
+        content = [_item(e.token, e.logprob) | {"top_logprobs": [_item(n, lp) for n, lp in e.top]} for e in entries]
+        return {"content": content, "refusal": None}
+    top: list[dict[str, float]] = []
+    for entry in entries:
+        alternatives: dict[str, float] = {}
+        for name, logprob in entry.top:  # likeliest first: setdefault keeps the likelier of a shared text
+            alternatives.setdefault(name.text, _finite(logprob))
+        top.append(alternatives)
+    return {"tokens": [e.token.text for e in entries], "token_logprobs": [_finite(e.logprob) for e in entries],
+            "top_logprobs": top, "text_offset": [e.offset for e in entries]}
+
+
 def full_body(header: ResponseHeader, text: str, finish_reason: str, usage_: dict[str, int],
-              stats: dict[str, Any]) -> dict[str, Any]:
-    """Return a whole (non-streamed) response."""
+              stats: dict[str, Any], logprobs: Sequence[Entry] | None = None) -> dict[str, Any]:
+    """Return a whole (non-streamed) response; `logprobs`: the entries of every kept token, or None (not asked)."""
+    body = logprobs_body(header.kind, logprobs)
     if header.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": body,
                   "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": body, "finish_reason": finish_reason}
     return header.base(chunk=False) | {"choices": [choice], "usage": usage_, "verispec": stats}
 
 
 def chunk(header: ResponseHeader, text: str | None, finish_reason: str | None = None,
-          first: bool = False) -> dict[str, Any]:
-    """Return one streamed chunk carrying `text` (and/or the finish reason)."""
+          first: bool = False, logprobs: Sequence[Entry] | None = None) -> dict[str, Any]:
+    """Return one streamed chunk carrying `text` (and/or the finish reason), with the entries of its tokens."""
+    body = logprobs_body(header.kind, logprobs)
     if header.kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else {}
         if text and not first:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "delta": delta, "logprobs": body, "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": body, "finish_reason": finish_reason}
     return header.base(chunk=True) | {"choices": [choice]}
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from verispec.engine import DecodeConfig
 from verispec.errors import ConfigError
+from verispec.processors import MAX_TOP_LOGPROBS
 from verispec.serve import bounds
 
 
@@ -56,11 +57,6 @@ UNSUPPORTED: dict[str, Unsupported] = {
     "tool_choice": Unsupported(CHAT, (None, "none"), "tool calls"),
     "functions": Unsupported(CHAT, (None, []), "function calls"),
     "function_call": Unsupported(CHAT, (None, "none"), "function calls"),
-    "logprobs": Unsupported(BOTH, (None, False), "log probabilities"),
-    "top_logprobs": Unsupported(CHAT, (None, 0), "log probabilities"),
-    "logit_bias": Unsupported(BOTH, (None, {}), "logit bias"),
-    "presence_penalty": Unsupported(BOTH, (None, 0), "repetition penalties"),
-    "frequency_penalty": Unsupported(BOTH, (None, 0), "repetition penalties"),
     "echo": Unsupported(COMPLETION, (None, False), "echoing the prompt"),
     "suffix": Unsupported(COMPLETION, (None, ""), "text after the insertion point"),
     "best_of": Unsupported(COMPLETION, (None, 1), "several candidates per request"),
@@ -191,15 +187,22 @@ class _Common(BaseModel):
     n: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    # OpenAI's logit processors (verispec/processors.py); the ids of logit_bias are JSON object keys, so strings
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     verispec: VerispecOptions | None = None
 
 
 class ChatRequest(_Common):
     messages: list[Message]
+    logprobs: bool | None = None  # report each token's log-probability
+    top_logprobs: int | None = None  # and this many alternatives per token (needs logprobs: true)
 
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
+    logprobs: int | None = None  # the legacy form: null = off, k = each token's log-probability and k alternatives
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,8 @@ class Settings:
 
 
 _UNION_MEMBERS = {"str", "int", "float", "bool", "TextPart"}
+# A logit_bias key: a decimal token id, of at most 18 digits (no vocabulary comes near), spaces around allowed
+_TOKEN_ID = re.compile(r"\s*[0-9]{1,18}\s*")
 
 
 def parse(model: type[BaseModel], body: Any) -> Any:
@@ -234,7 +239,9 @@ def parse(model: type[BaseModel], body: Any) -> Any:
 
 # DecodeConfig's settings that are fields of the request itself (max_new_tokens is called max_tokens there); the
 # others a request may set are fields of its `verispec` object.
-_TOP_LEVEL = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "max_new_tokens": "max_tokens"}
+_TOP_LEVEL = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "max_new_tokens": "max_tokens",
+              "logit_bias": "logit_bias", "presence_penalty": "presence_penalty",
+              "frequency_penalty": "frequency_penalty", "logprobs": "logprobs"}
 # Server defaults that not every request can take: a request whose method, drafter or temperature rules one out
 # runs without it (as it would run on a server without it) instead of being refused for a setting it cannot change.
 _DEFAULTS_WHERE_THEY_FIT = ("drafter", "draft_vocab", "draft_confidence", "adaptive_gamma")
@@ -297,6 +304,42 @@ def _check_caps(options: VerispecOptions) -> None:
             raise APIError(400, f"{param} ({what}) must be at most {cap} on this server, got {value}", param=param)
 
 
+def _logprobs(request: _Common) -> int | None:
+    """Return the DecodeConfig `logprobs` a request asks for: None (off) or the alternatives reported per token; raise
+    APIError 400 naming the field out of range (checked here: the engine's message names its own setting)."""
+    most = MAX_TOP_LOGPROBS
+    if isinstance(request, ChatRequest):
+        top = request.top_logprobs
+        if top is not None and not 0 <= top <= most:
+            raise APIError(400, f"top_logprobs must be an integer in [0, {most}], got {top}", param="top_logprobs")
+        if not request.logprobs:
+            if top:  # 0 asks for nothing, as before log-probabilities were implemented
+                raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+            return None
+        return top or 0
+    given = getattr(request, "logprobs", None)
+    if given is not None and not 0 <= given <= most:
+        raise APIError(400, f"logprobs (the alternatives reported per token) must be an integer in [0, {most}] or "
+                       f"null, got {given}", param="logprobs")
+    return given
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[str, float] | None:
+    """Return `bias` for DecodeConfig (which checks the values and duplicates); raise APIError 400 naming logit_bias
+    past `bounds.MAX_LOGIT_BIAS` entries or for a key that is no decimal token id of a plausible size (int() refuses
+    a key of thousands of digits with a ValueError, which would otherwise escape as a 500)."""
+    if bias is None:
+        return None
+    if len(bias) > bounds.MAX_LOGIT_BIAS:
+        raise APIError(400, f"logit_bias must hold at most {bounds.MAX_LOGIT_BIAS} entries on this server, got "
+                       f"{len(bias)}", param="logit_bias")
+    for key in bias:
+        if not _TOKEN_ID.fullmatch(key):
+            raise APIError(400, f"logit_bias: token ids must be integers >= 0 below the vocabulary size, got "
+                           f"{key[:40]!r}", param="logit_bias")
+    return bias
+
+
 def settings(request: _Common, defaults: DecodeConfig) -> Settings:
     """Return the request's settings over the server's `defaults`; raise APIError 400 on a bad value."""
     if request.n not in (None, 1):
@@ -307,6 +350,8 @@ def settings(request: _Common, defaults: DecodeConfig) -> Settings:
     max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     requested = options.model_dump(exclude_none=True) | {
         "seed": request.seed, "max_new_tokens": max_tokens, "temperature": request.temperature, "top_p": request.top_p,
+        "logit_bias": _logit_bias(request.logit_bias), "presence_penalty": request.presence_penalty,
+        "frequency_penalty": request.frequency_penalty, "logprobs": _logprobs(request),
     }
     requested = {name: value for name, value in requested.items() if value is not None}
     try:

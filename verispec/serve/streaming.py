@@ -45,6 +45,15 @@ class TextStream:
         safe = len(text.rstrip(REPLACEMENT))
         return self._take(safe - self._stop_prefix_overlap(text[:safe]))
 
+    @property
+    def sent(self) -> int:
+        """Return the characters of `text` handed out so far."""
+        return self._sent
+
+    def prefix(self, n: int) -> str:
+        """Return the text of the first `n` committed tokens (as decoded alone: an incomplete character is U+FFFD)."""
+        return self._decode(self.tokens[:n])
+
     def finish(self) -> str:
         """Return the text not handed out yet: generation has ended, so everything decoded is final."""
         return self._take(len(self.text))

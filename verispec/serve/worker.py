@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from verispec.engine import DecodeConfig
 from verispec.errors import VerispecError
 from verispec.serve.config import ServeConfig
+from verispec.serve.logprobs import Entry, LogprobStream, TokenText, token_text
 from verispec.serve.metrics import ServerMetrics
 from verispec.serve.prompts import chat_prompt_ids, context_limit, raw_prompt_ids
 from verispec.serve.schemas import APIError, Message
@@ -45,6 +46,7 @@ class Delta:
     """Text that became final this round (never empty)."""
 
     text: str
+    logprobs: list[Entry] | None = None  # the entries of the tokens this text completes; None: not asked for
 
 
 @dataclass
@@ -57,6 +59,7 @@ class Finished:
     completion_tokens: int
     trace: Trace
     timed_out: bool
+    logprobs: list[Entry] | None = None  # the entries not sent yet, up to the last kept token; None: not asked for
 
 
 @dataclass
@@ -250,6 +253,10 @@ class EngineWorker:
         with self._tokenizer_lock:
             return self.decoder.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def _token_text(self, token: int) -> TokenText:
+        with self._tokenizer_lock:
+            return token_text(self.decoder.tokenizer, token)
+
     def _serve(self, job: Job) -> None:
         method = job.config.method
         try:
@@ -259,6 +266,7 @@ class EngineWorker:
             return
         job.send(Started())
         text = TextStream(self._decode_text, job.stop)
+        logprobs = LogprobStream(text, self._token_text) if job.config.logprobs is not None else None
         start = time.perf_counter()
         deadline = start + self.config.time_limit
         clock = {"last": None, "timed_out": False, "cut": False}
@@ -274,15 +282,19 @@ class EngineWorker:
                 clock["last"] = now
             delta = text.push(tokens)
             if delta:
-                job.send(Delta(delta))
+                job.send(Delta(delta, logprobs.release() if logprobs is not None else None))
             clock["timed_out"] = now > deadline
             clock["cut"] = now >= self._cut_at  # the server is shutting down and the grace period is over
             return text.stopped or clock["timed_out"] or clock["cut"] or job.cancelled.is_set()
 
         try:
-            out = engine.decode(job.prompt_ids, job.config, on_commit)
+            out = engine.decode(job.prompt_ids, job.config, on_commit,
+                                on_logprobs=logprobs.add if logprobs is not None else None)
         except VerispecError as exc:
-            job.send(Failed(APIError(400, str(exc))))
+            # The engine checks logit_bias's ids against the decoding model's vocabulary (as the app did before
+            # queuing): name the field, as the app's check does; other errors here are about the server's models.
+            param = "logit_bias" if str(exc).startswith("logit_bias") else None
+            job.send(Failed(APIError(400, str(exc), param=param)))
             return
         except Exception as exc:  # a bug or a model failure: the server answers 500 and keeps serving
             log.exception("generation failed")
@@ -296,4 +308,5 @@ class EngineWorker:
         full = text.kept_tokens >= job.config.max_new_tokens
         reason = "stop" if finished else "shutdown" if clock["cut"] and not full else "length"
         job.send(Finished(text.finish(), reason, len(job.prompt_ids), text.kept_tokens, out.trace,
-                          clock["timed_out"] and not finished and reason != "shutdown"))
+                          clock["timed_out"] and not finished and reason != "shutdown",
+                          logprobs.rest() if logprobs is not None else None))
