@@ -200,11 +200,19 @@ def test_the_server_loads_the_draft_with_the_reduced_head_before_any_request(tin
 
 
 def test_serve_flags_set_the_drafter_defaults(monkeypatch):
-    import uvicorn
+    from verispec.serve import cli as serve_cli
 
     seen = {}
+
+    class NoServer:  # records what would be served instead of listening on a port
+        def __init__(self, config, backend, grace) -> None:
+            self.app, self.started = config.app, True
+
+        def run(self) -> None:
+            seen.update(config=self.app.state.config)
+
     monkeypatch.setattr(api, "Decoder", lambda *args, **kwargs: object())
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: seen.update(config=app.state.config))
+    monkeypatch.setattr(serve_cli, "draining_server", NoServer)
     argv = ["serve", "--draft-vocab", "64", "--drafter", "hybrid", "--ngram-min", "1", "--ngram-max", "3",
             "--ngram-gamma", "6", "--draft-confidence", "0.3", "--temperature", "1"]
     assert main(argv) == 0

@@ -89,7 +89,8 @@ def test_the_models_kernels_and_rounds_are_labelled(server):
     client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
     before = scrape(server)
     r = client.chat.completions.create(model="verispec", messages=[{"role": "user", "content": "hello there"}],
-                                       max_tokens=9, extra_body={"verispec": {"method": "sd", "gamma": 3}})
+                                       max_tokens=9, extra_body={"verispec": {"method": "sd", "gamma": 3,
+                                                                               "adaptive_gamma": False}})
     delta = moved(before, scrape(server))
     rounds = {dict(labels)["drafter"]: value for (name, labels), value in delta.items()
               if name == "verispec_rounds_total"}
