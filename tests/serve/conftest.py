@@ -15,6 +15,7 @@ import pytest
 import uvicorn
 
 from verispec import Decoder
+from verispec.engine import DecodeConfig
 from verispec.serve import ServeConfig, create_app
 
 
@@ -108,3 +109,15 @@ def running_server(decoder: Decoder, config: ServeConfig | None = None, wait_rea
 @pytest.fixture(scope="module")
 def decoder(tiny_pair):
     return HeldDecoder(tiny_pair["target"], tiny_pair["partial"])
+
+
+PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}  # the two generating endpoints by kind
+PROMPT = "hello there"  # the tiny target continues it past 40 tokens without EOS
+TINY_CONFIG = ServeConfig(defaults=DecodeConfig(max_new_tokens=16), model_name="tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny_server(decoder, one_thread):
+    """A server of the tiny pair with 16-token answers, shared by a test module."""
+    with running_server(decoder, TINY_CONFIG) as (url, _):
+        yield url

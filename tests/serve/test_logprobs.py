@@ -9,24 +9,18 @@ import math
 
 import pytest
 
-from tests.serve.conftest import request, running_server
-from verispec.engine import DecodeConfig
+from tests.serve.conftest import PATHS, PROMPT, request
 from verispec.logprobs import TokenLogprob
-from verispec.serve import ServeConfig
 from verispec.serve.logprobs import Entry, LogprobStream, TokenText, token_text
 from verispec.serve.responses import logprobs_body
 from verispec.serve.streaming import TextStream
 
-PROMPT = "hello there"  # the tiny target continues it past 40 tokens without EOS
 EOS_PROMPT = "def add(a, b):"  # the tiny target ends it with EOS after one character
-CONFIG = ServeConfig(defaults=DecodeConfig(max_new_tokens=16), model_name="tiny")
-PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
 
 @pytest.fixture(scope="module")
-def server(decoder, one_thread):
-    with running_server(decoder, CONFIG) as (url, _):
-        yield url
+def server(tiny_server):
+    return tiny_server
 
 
 def body(kind: str, k: int | None, prompt: str = PROMPT, **fields) -> dict:

@@ -5,20 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.serve.conftest import request, running_server
+from tests.serve.conftest import PATHS, PROMPT, request
 from verispec.engine import DecodeConfig
-from verispec.serve import ServeConfig, bounds
+from verispec.serve import bounds
 from verispec.serve.schemas import APIError, ChatRequest, parse, settings
-
-PROMPT = "hello there"  # the tiny target continues it past 40 tokens without EOS
-CONFIG = ServeConfig(defaults=DecodeConfig(max_new_tokens=16), model_name="tiny")
-PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
 
 @pytest.fixture(scope="module")
-def server(decoder, one_thread):
-    with running_server(decoder, CONFIG) as (url, _):
-        yield url
+def server(tiny_server):
+    return tiny_server
 
 
 def body(kind: str, **fields) -> dict:
