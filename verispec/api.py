@@ -20,6 +20,7 @@ from verispec.models.fastpath import check_linear_backend, draft_backend_for
 from verispec.models.hf import HFCausalLM, check_model_spec, parse_dtype
 from verispec.models.loading import DEFAULT, DEFAULT_LINEAR_BACKEND, load_model
 from verispec.models.pair import check_compatible, encode_prompt, eos_token_ids
+from verispec.models.protocol import CausalLM
 from verispec.trace import Trace
 
 
@@ -196,11 +197,14 @@ class Decoder:
         """Return the token ids that end generation: the tokenizer's EOS and the model's generation EOS ids."""
         return eos_token_ids(self.model(role))
 
-    def engine(self, config: str | DecodeConfig) -> Engine:
+    def engine(self, config: str | DecodeConfig, views: Mapping[str, CausalLM] | None = None) -> Engine:
         """Return an `Engine` over the models a decode with `config` (or a method's name, with the default drafter)
-        needs, loaded on first use, for decoding token ids."""
+        needs, loaded on first use, for decoding token ids. `views`: per role, a model to run in place of the loaded
+        one (a server slot's view of it with a cache of its own, `verispec.models.batched.SlotLM`)."""
         spec = get_method(config if isinstance(config, str) else config.method)
         models = self.models_for(config)
+        if views is not None:
+            models = {role: views[role] for role in models}
         verifier = self.verifier() if spec.learned_stop else None
         return Engine(models.get("target"), models.get("draft"), self.eos_token_ids(spec.decoder), verifier)
 

@@ -42,6 +42,10 @@ def wait_for(condition, what: str, seconds: float = 60.0) -> None:
         time.sleep(0.005)
 
 
+# One request at a time, so that a request sent while one runs waits in the queue (and is refused by draining).
+ONE_AT_A_TIME = ServeConfig(max_batch=1)
+
+
 def open_stream(url: str, body: dict) -> Iterator[dict | str]:
     """POST a streamed chat request; yield its events (JSON chunks, then "[DONE]")."""
     host, port = url.removeprefix("http://").split(":")
@@ -91,7 +95,7 @@ def test_the_grace_is_a_number_of_seconds_at_least_zero():
 
 
 def test_draining_lets_a_stream_run_for_the_grace_then_ends_it_and_refuses_the_rest(held, one_thread):
-    with running_server(held) as (url, app):
+    with running_server(held, ONE_AT_A_TIME) as (url, app):
         backend = app.state.backend
         events = open_stream(url, LONG)
         content(events, 3)
@@ -128,7 +132,7 @@ def test_a_non_streamed_request_gets_its_partial_completion(held, one_thread):
 
 
 def test_a_signal_drains_the_server_a_second_ends_the_grace_and_run_returns(held, one_thread):
-    app = create_app(held, ServeConfig())
+    app = create_app(held, ONE_AT_A_TIME)
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5)
     server = draining_server(config, app.state.backend, grace=60.0)
@@ -162,7 +166,7 @@ def test_sigterm_drains_a_real_server_process_which_exits_0(tiny_pair_folders):
     port, grace = free_port(), 1.0
     command = [sys.executable, "-c", SLOW_SERVER, "serve", "--target", tiny_pair_folders["target"], "--draft",
                tiny_pair_folders["draft"], "--dtype", "float64", "--port", str(port), "--log-level", "warning",
-               "--shutdown-grace", str(grace)]
+               "--shutdown-grace", str(grace), "--max-batch", "1"]
     env = os.environ | {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     root = Path(__file__).parents[2]
     server = subprocess.Popen(command, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -70,7 +70,7 @@ def test_concurrent_clients_all_get_their_own_correct_output(held, one_thread):
 
 
 def test_a_full_queue_answers_429_with_retry_after(held, one_thread):
-    with running_server(held, ServeConfig(max_queue=1)) as (url, _):
+    with running_server(held, ServeConfig(max_queue=1, max_batch=1)) as (url, _):
         held.decode_gate.clear()  # the engine will hold the first request
         results: list[int] = []
         first = threading.Thread(target=lambda: results.append(request(url, "POST", "/v1/chat/completions", CHAT)[0]))
@@ -136,7 +136,7 @@ def test_a_client_leaving_a_non_streamed_request_frees_the_engine(held, one_thre
 
 def test_a_request_whose_client_left_while_queued_is_never_decoded(held, one_thread):
     decodes = len(held.rounds)
-    with running_server(held, ServeConfig(max_queue=2)) as (url, app):
+    with running_server(held, ServeConfig(max_queue=2, max_batch=1)) as (url, app):
         held.decode_gate.clear()
         first = threading.Thread(target=lambda: request(url, "POST", "/v1/chat/completions", CHAT))
         first.start()

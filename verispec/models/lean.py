@@ -19,6 +19,7 @@ per-head q/k norms, other model types) keeps transformers' forward.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +29,20 @@ from verispec.models.decoder_stack import decoder_stack
 from verispec.models.fused import fused_projections
 from verispec.models.kv_cache import InPlaceKVCache
 from verispec.models.query_attention import attention_kernel
+
+
+@dataclass
+class StackSegment:
+    """One sequence's share of a batched decoder-stack pass (`LeanDecoder.segment`)."""
+
+    x: torch.Tensor  # [T, H] the embedded new tokens
+    cos: torch.Tensor  # [T, D] their rotary tables
+    sin: torch.Tensor
+    keys: list[torch.Tensor]  # per layer, the sequence's cache buffers [1, kv_heads, room, D]
+    values: list[torch.Tensor]
+    start: int  # the first new position in the cache
+    mask: torch.Tensor | None  # [T, start + T] bool for tree attention; None: causal after the cache
+
 
 # The model types whose layer structure this loop reproduces (checked against transformers 5's modeling files)
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
@@ -151,6 +166,53 @@ class LeanDecoder:
             gate, up = self.gate_up[index](h)
             x = x + layer.mlp.down_proj.forward(layer.mlp.act_fn(gate) * up)
         return self._head(x, n_logits, return_hidden, small_ops)
+
+    def stacks(self, length: int, cache: Any) -> bool:
+        """Return whether a forward over `length` new tokens after `cache` runs as one call of the decoder stack (a
+        decode or verify pass where every projection is on verispec's kernels): the passes `segment` and
+        `run_segments` batch across sequences."""
+        return (self.stack is not None and self.whole_stack and self.small_ops and self.query_rows is not None
+                and 1 <= length <= self.query_rows and isinstance(cache, InPlaceKVCache))
+
+    def segment(self, ids: torch.Tensor, cache: InPlaceKVCache,
+                tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> StackSegment:
+        """Prepare one sequence's pass for `run_segments` (`stacks` must hold): embed `ids` [1, T], compute their
+        rotary tables and claim their cache positions, as `__call__` does for a stacked pass."""
+        length = ids.shape[1]
+        x = self.inner.embed_tokens(ids)  # [1, T, H]
+        if tree is None:
+            past = cache.get_seq_length()
+            mask, positions = None, torch.arange(past, past + length, device=ids.device)
+        else:
+            mask, positions = tree[0].to(ids.device), tree[1].to(ids.device)
+        cos, sin = self.inner.rotary_emb(x, positions.unsqueeze(0))  # [1, T, D] each
+        keys, values, start = cache.claim(length, x.new_empty(1, self.kv_heads, 0, self.head_dim))
+        return StackSegment(x[0], cos[0].contiguous(), sin[0].contiguous(), keys, values, start, mask)
+
+    def run_segments(self, segments: list[StackSegment], n_logits: list[int], return_hidden: bool = False
+                     ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Run several sequences' passes (from `segment`) as one call of the decoder stack and one LM head pass;
+        return each one's (logits [n, V], hidden [n, H] or None) for its last `n_logits` rows. Every row is computed
+        as in its own sequence's pass alone (the stack's and the head's kernels compute each row on its own, and the
+        head runs at most `query_rows` rows per call, the kernels of decode passes), so the outputs are the same bits.
+        """
+        x = torch.cat([s.x for s in segments]) if len(segments) > 1 else segments[0].x
+        cos = torch.cat([s.cos for s in segments]) if len(segments) > 1 else segments[0].cos
+        sin = torch.cat([s.sin for s in segments]) if len(segments) > 1 else segments[0].sin
+        specs = [(s.keys, s.values, s.start, s.x.shape[0], s.mask) for s in segments]
+        states = self.stack.forward_batch(x, specs, cos, sin)  # [N, H]
+        rows, end = [], 0
+        for s, n in zip(segments, n_logits, strict=True):
+            end += s.x.shape[0]
+            rows.append(states[end - n: end])
+        hidden = self._norm(self.inner.norm, torch.cat(rows), True)  # [sum n, H]
+        step = self.query_rows or hidden.shape[0]
+        logits = torch.cat([self.model.lm_head.forward(hidden[i: i + step]) for i in range(0, hidden.shape[0], step)])
+        out, start = [], 0
+        for n in n_logits:
+            out.append((logits[start: start + n], hidden[start: start + n] if return_hidden else None))
+            start += n
+        return out
 
     def _head(self, x: torch.Tensor, n_logits: int, return_hidden: bool, small_ops: bool
               ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -30,6 +30,10 @@ using PartSpec = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::
 using LayerSpec = std::tuple<torch::Tensor, double, std::vector<PartSpec>, std::vector<PartSpec>, torch::Tensor, double,
                              std::vector<PartSpec>, std::vector<PartSpec>>;
 
+// One sequence of a batched pass: its cache (keys, values per layer), first new position, token count, mask.
+using SegmentSpec = std::tuple<std::vector<torch::Tensor>, std::vector<torch::Tensor>, int64_t, int64_t,
+                               c10::optional<torch::Tensor>>;
+
 struct Part {
   bool four_bit;
   torch::Tensor packed, scale, rowsum, bias;
@@ -125,20 +129,50 @@ class DecoderStack {
   torch::Tensor forward(const torch::Tensor& x, const std::vector<torch::Tensor>& keys,
                         const std::vector<torch::Tensor>& values, int64_t start, const torch::Tensor& cos,
                         const torch::Tensor& sin, const c10::optional<torch::Tensor>& mask) const {
+    TORCH_CHECK(x.dim() == 2, "decoder stack: x must be [tokens, hidden] float32");
+    return run({SegmentSpec{keys, values, start, x.size(0), mask}}, x, cos, sin);
+  }
+
+  // Several sequences in one pass (a server's batch): x [N, hidden] holds each sequence's new tokens in turn, with
+  // `segments` saying, in that order, each one's cache (keys, values per layer), first new position, token count and
+  // mask; cos, sin [N, head_dim]. Every linear runs once over all N rows and attention runs per sequence over its
+  // own cache; each row is computed as in a pass of its sequence alone, so the outputs are bit-identical to it.
+  torch::Tensor forward_batch(const torch::Tensor& x, const std::vector<SegmentSpec>& segments,
+                              const torch::Tensor& cos, const torch::Tensor& sin) const {
+    return run(segments, x, cos, sin);
+  }
+
+ private:
+  struct Segment {
+    const std::vector<torch::Tensor>* keys;
+    const std::vector<torch::Tensor>* values;
+    int64_t start, T, row;
+    torch::Tensor mask;  // [T, start + T] bool, or undefined (causal after the cache)
+  };
+
+  torch::Tensor run(const std::vector<SegmentSpec>& specs, const torch::Tensor& x, const torch::Tensor& cos,
+                    const torch::Tensor& sin) const {
     TORCH_CHECK(x.dim() == 2 && x.size(1) == hidden_ && x.scalar_type() == torch::kFloat32,
                 "decoder stack: x must be [tokens, hidden] float32");
-    const int64_t T = x.size(0), S = start + T, D = dim_;
-    TORCH_CHECK(start >= 0, "decoder stack: start must be >= 0");
-    TORCH_CHECK(static_cast<int64_t>(keys.size()) == size() && static_cast<int64_t>(values.size()) == size(),
-                "decoder stack: one key and one value buffer per layer");
-    for (const auto* store : {&keys, &values})
-      for (const torch::Tensor& b : *store)
-        TORCH_CHECK(b.dim() == 4 && b.size(0) == 1 && b.size(1) == kv_heads_ && b.size(2) >= S && b.size(3) == D &&
-                        b.scalar_type() == torch::kFloat32 && b.is_contiguous(),
-                    "decoder stack: cache buffers must be [1, kv_heads, >= start + tokens, head_dim] float32 contiguous");
+    const int64_t T = x.size(0), D = dim_;
+    std::vector<Segment> segments;
+    int64_t row = 0;
+    for (const auto& [keys, values, start, tokens, mask] : specs) {
+      TORCH_CHECK(start >= 0 && tokens >= 0, "decoder stack: start and token counts must be >= 0");
+      const int64_t S = start + tokens;
+      TORCH_CHECK(static_cast<int64_t>(keys.size()) == size() && static_cast<int64_t>(values.size()) == size(),
+                  "decoder stack: one key and one value buffer per layer");
+      for (const auto* store : {&keys, &values})
+        for (const torch::Tensor& b : *store)
+          TORCH_CHECK(b.dim() == 4 && b.size(0) == 1 && b.size(1) == kv_heads_ && b.size(2) >= S && b.size(3) == D &&
+                          b.scalar_type() == torch::kFloat32 && b.is_contiguous(),
+                      "decoder stack: cache buffers must be [1, kv_heads, >= start + tokens, head_dim] float32 "
+                      "contiguous");
+      segments.push_back(Segment{&keys, &values, start, tokens, row, checked_mask(mask, tokens, S, "decoder stack")});
+      row += tokens;
+    }
+    TORCH_CHECK(row == T, "decoder stack: the segments hold ", row, " tokens, x has ", T);
     check_rotary_table(cos, sin, T, D, "decoder stack");
-    const torch::Tensor m = checked_mask(mask, T, S, "decoder stack");  // keys: start + T
-    const bool* visible = m.defined() ? m.data_ptr<bool>() : nullptr;
     const auto options = x.options();
     torch::Tensor state = x.contiguous().clone();
     if (T == 0) return state;
@@ -151,6 +185,7 @@ class DecoderStack {
     float* hs = h.data_ptr<float>();
     float* qs = qkv.data_ptr<float>();
     float* os = out.data_ptr<float>();
+    float* as = att.data_ptr<float>();
     const float* cp = cos.data_ptr<float>();
     const float* sp = sin.data_ptr<float>();
     for (int64_t l = 0; l < size(); ++l) {
@@ -159,17 +194,24 @@ class DecoderStack {
       layer.qkv.run(hs, T, qs);
       rotate_rows(qs, heads_, D, T, N, D, cp, sp);          // q: head h of token t at t * N + h * D
       rotate_rows(qs + Q, kv_heads_, D, T, N, D, cp, sp);   // k
-      const int64_t room = keys[l].size(2);
-      float* kb = keys[l].data_ptr<float>();
-      float* vb = values[l].data_ptr<float>();
-      for (int64_t g = 0; g < kv_heads_; ++g)
-        for (int64_t t = 0; t < T; ++t) {
-          std::memcpy(kb + (g * room + start + t) * D, qs + t * N + Q + g * D, D * sizeof(float));
-          std::memcpy(vb + (g * room + start + t) * D, qs + t * N + Q + KV + g * D, D * sizeof(float));
-        }
-      attend_rows(qs, D, N, kb, room * D, D, vb, room * D, D, visible, heads_, kv_heads_, T, S, D, scale_,
-                  att.data_ptr<float>());
-      layer.o.run(att.data_ptr<float>(), T, os);
+      for (const Segment& s : segments) {
+        if (s.T == 0) continue;
+        const torch::Tensor& kt = (*s.keys)[l];
+        const torch::Tensor& vt = (*s.values)[l];
+        const int64_t room = kt.size(2);
+        float* kb = kt.data_ptr<float>();
+        float* vb = vt.data_ptr<float>();
+        const float* rows = qs + s.row * N;
+        for (int64_t g = 0; g < kv_heads_; ++g)
+          for (int64_t t = 0; t < s.T; ++t) {
+            std::memcpy(kb + (g * room + s.start + t) * D, rows + t * N + Q + g * D, D * sizeof(float));
+            std::memcpy(vb + (g * room + s.start + t) * D, rows + t * N + Q + KV + g * D, D * sizeof(float));
+          }
+        const bool* visible = s.mask.defined() ? s.mask.data_ptr<bool>() : nullptr;
+        attend_rows(rows, D, N, kb, room * D, D, vb, room * D, D, visible, heads_, kv_heads_, s.T, s.start + s.T, D,
+                    scale_, as + s.row * Q);
+      }
+      layer.o.run(as, T, os);
       add_rows(xs, os, T * H);
       rms_norm_rows(xs, T, H, layer.norm2.data_ptr<float>(), layer.eps2, hs);
       layer.gate_up.run(hs, T, gate_up.data_ptr<float>());
@@ -181,7 +223,6 @@ class DecoderStack {
     return state;
   }
 
- private:
   std::vector<Layer> layers_;
   int64_t hidden_, heads_, kv_heads_, dim_, intermediate_;
   float scale_;
@@ -196,7 +237,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("__len__", &DecoderStack::size)
       .def("forward", &DecoderStack::forward, "run every layer over the new tokens, writing their keys and values",
            py::arg("x"), py::arg("keys"), py::arg("values"), py::arg("start"), py::arg("cos"), py::arg("sin"),
-           py::arg("mask") = py::none(), py::call_guard<py::gil_scoped_release>());
+           py::arg("mask") = py::none(), py::call_guard<py::gil_scoped_release>())
+      .def("forward_batch", &DecoderStack::forward_batch,
+           "run every layer over several sequences' new tokens at once, each attending to its own cache",
+           py::arg("x"), py::arg("segments"), py::arg("cos"), py::arg("sin"), py::call_guard<py::gil_scoped_release>());
   m.def("amx", &amx, "whether 8-bit passes of several tokens run on AMX tiles");
   m.def("amx_min_tokens", &amx_min_tokens, "the fewest tokens a pass on AMX tiles takes");
   m.def("set_amx", &set_amx, "turn the AMX tile path on or off", py::arg("on"), py::arg("min_tokens") = 0);

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from verispec.serve import bounds, responses
+from verispec.serve.batched import BatchedWorker
 from verispec.serve.config import ServeConfig
 from verispec.serve.logprobs import Entry
 from verispec.serve.metrics import ServerMetrics
@@ -38,7 +39,10 @@ def create_app(decoder: Any = None, config: ServeConfig | None = None, backend: 
     if backend is None:
         if decoder is None:
             raise ValueError("create_app needs a decoder or a backend")
-        backend = EngineWorker(decoder, config, ServerMetrics())
+        # A server-wide draft_vocab slices the draft's head, which keeps per-sequence state: one at a time then.
+        batched = config.max_batch > 1 and config.defaults.draft_vocab is None
+        worker = BatchedWorker if batched else EngineWorker
+        backend = worker(decoder, config, ServerMetrics())
     metrics = backend.metrics
 
     @asynccontextmanager

@@ -68,7 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from verispec.serve import create_app
 
     config = ServeConfig(defaults=decode_config(args), model_name=args.model_name, max_queue=args.max_queue,
-                         time_limit=args.time_limit, shutdown_grace=args.shutdown_grace)
+                         max_batch=args.max_batch, time_limit=args.time_limit, shutdown_grace=args.shutdown_grace)
     decoder = Decoder(args.target, args.draft, dtype=args.dtype, verifier=args.verifier,
                       linear_backend=args.linear_backend, draft_dtype=args.draft_dtype,
                       draft_linear_backend=args.draft_linear_backend)
@@ -112,6 +112,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-name", default=d.model_name, help="the model id clients send (default: %(default)s)")
     p.add_argument("--max-queue", type=int, default=d.max_queue,
                    help="requests that may wait for the engine; more get 429 (default: %(default)s)")
+    p.add_argument("--max-batch", type=int, default=d.max_batch, metavar="N",
+                   help="requests decoded at once, their model passes batched; each request's tokens are those it "
+                        "gets alone (default: %(default)s; 1: one at a time)")
     p.add_argument("--time-limit", type=float, default=d.time_limit,
                    help="seconds one generation may run before it ends at a round boundary (default: %(default)s)")
     p.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace, metavar="SECONDS",

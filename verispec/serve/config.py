@@ -15,12 +15,15 @@ class ServeConfig:
     defaults: DecodeConfig = field(default_factory=DecodeConfig)  # method, γ, K, sampling, seed, max tokens
     model_name: str = "verispec"  # the one id in /v1/models; requests naming another model get 404
     max_queue: int = 16  # requests waiting for the engine; one more is answered 429
+    max_batch: int = 4  # requests decoded at once (verispec.serve.batched); 1: one at a time, first come first served
     time_limit: float = 600.0  # seconds a generation may run; it then ends at the next round boundary
     shutdown_grace: float = 10.0  # seconds running generations may go on after SIGTERM/SIGINT before they are ended
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_queue, int) or self.max_queue < 1:
             raise ConfigError(f"max_queue must be an integer >= 1, got {self.max_queue!r}")
+        if not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) or not 1 <= self.max_batch <= 64:
+            raise ConfigError(f"max_batch must be an integer in 1..64, got {self.max_batch!r}")
         if not isinstance(self.time_limit, (int, float)) or not self.time_limit > 0:
             raise ConfigError(f"time_limit must be a number of seconds > 0, got {self.time_limit!r}")
         # 0 is allowed: running generations end at their next round boundary, with no grace at all.

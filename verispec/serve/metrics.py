@@ -40,8 +40,23 @@ class ServerMetrics:
                                                                                                  "gamma"], registry=r)
         self.model_info = Gauge("verispec_model_info", "1 per loaded model: its role, linear backend and kernels",
                                 ["role", "linear_backend", "kernel"], registry=r)
-        self.queue_length = Gauge("verispec_queue_length", "requests waiting for the engine", registry=r)
-        self.running = Gauge("verispec_requests_running", "requests being generated", registry=r)
+        # Each gauge under its verispec name and the name vLLM's dashboards read (verispec:num_requests_*).
+        self.queue_length = Gauges(Gauge("verispec_queue_length", "requests waiting for the engine", registry=r),
+                                   Gauge("verispec:num_requests_waiting", "requests waiting for the engine",
+                                         registry=r))
+        self.running = Gauges(Gauge("verispec_requests_running", "requests being generated", registry=r),
+                              Gauge("verispec:num_requests_running", "requests being generated", registry=r))
+        self.queue_time = Histogram("verispec:request_queue_time_seconds", "request arrival to the engine taking it",
+                                    buckets=_BUCKETS, registry=r)
+        # Speculative decoding's counters as vLLM names them (spec_decode_*), over every method that drafts.
+        self.spec_drafts = Counter("verispec:spec_decode_num_drafts", "rounds that verified a drafted block",
+                                   registry=r)
+        self.spec_draft_tokens = Counter("verispec:spec_decode_num_draft_tokens", "draft tokens verified",
+                                         registry=r)
+        self.spec_accepted = Counter("verispec:spec_decode_num_accepted_tokens", "draft tokens accepted", registry=r)
+        self.spec_accepted_per_pos = Counter("verispec:spec_decode_num_accepted_tokens_per_pos",
+                                             "draft tokens accepted at each position of their block (0: the first)",
+                                             ["position"], registry=r)
         self.ttft = Histogram("verispec_time_to_first_token_seconds", "request arrival to its first committed token",
                               ["method"], buckets=_BUCKETS, registry=r)
         self.itl = Histogram("verispec_inter_token_latency_seconds",
@@ -70,10 +85,35 @@ class ServerMetrics:
         self.draft_calls.labels(method).inc(trace.draft_calls)
         self.drafted.labels(method).inc(sum(r.drafted for r in trace.rounds))
         self.accepted.labels(method).inc(sum(r.accepted for r in trace.rounds))
+        drafted = [r for r in trace.rounds if r.drafted]
+        self.spec_drafts.inc(len(drafted))
+        self.spec_draft_tokens.inc(sum(r.drafted for r in drafted))
+        self.spec_accepted.inc(sum(r.accepted for r in drafted))
+        for position in range(max((r.accepted for r in drafted), default=0)):
+            self.spec_accepted_per_pos.labels(str(position)).inc(sum(r.accepted > position for r in drafted))
 
     def render(self) -> bytes:
         """Return the metrics in the Prometheus text format."""
         return generate_latest(self.registry)
+
+
+class Gauges:
+    """One value shown under several gauge names."""
+
+    def __init__(self, *gauges: Gauge) -> None:
+        self.gauges = gauges
+
+    def set(self, value: float) -> None:
+        for gauge in self.gauges:
+            gauge.set(value)
+
+    def inc(self, amount: float = 1) -> None:
+        for gauge in self.gauges:
+            gauge.inc(amount)
+
+    def dec(self, amount: float = 1) -> None:
+        for gauge in self.gauges:
+            gauge.dec(amount)
 
 
 def resident_memory() -> tuple[int | None, int | None]:

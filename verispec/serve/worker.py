@@ -17,7 +17,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -211,9 +211,19 @@ class EngineWorker:
 
     # -- the engine thread --------------------------------------------------------------------------------------
     def _run(self) -> None:
+        if not self._load():
+            return
         try:
-            # Load both now, not on some request's time; under a server-wide draft_vocab N every request that
-            # drafts with the model uses the draft with a head of N tokens, so that one is the draft loaded.
+            self._consume(self.decoder.engine)
+        finally:
+            self._reject_waiting()
+            self._drained.set()
+
+    def _load(self) -> bool:
+        """Load the models now, not on some request's time; return whether they loaded (else `load_error` says
+        why). Under a server-wide draft_vocab N every request that drafts with the model uses the draft with a head
+        of N tokens, so that one is the draft loaded."""
+        try:
             self.decoder.model("target")
             n = self.config.defaults.draft_vocab
             if n is None:
@@ -226,28 +236,28 @@ class EngineWorker:
         except Exception as exc:  # reported by /health and every request's 503, never a traceback to clients
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.error("loading the models failed: %s", self.load_error)
-            return
-        try:
-            while not self._draining.is_set():
-                try:
-                    job = self._queue.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                self.metrics.queue_length.set(self._queue.qsize())
-                if self._draining.is_set():  # taken in the instant draining began
-                    job.send(Failed(APIError(503, SHUTTING_DOWN)))
-                    continue
-                if job.cancelled.is_set():  # its client left while it waited
-                    job.send(Failed(APIError(499, "the client closed the connection")))
-                    continue
-                self.metrics.running.inc()
-                try:
-                    self._serve(job)
-                finally:
-                    self.metrics.running.dec()
-        finally:
-            self._reject_waiting()
-            self._drained.set()
+        return self.ready
+
+    def _consume(self, engine_for: Callable[[DecodeConfig], Any]) -> None:
+        """Take jobs from the queue until draining, each decoded on an engine from `engine_for(job.config)`."""
+        while not self._draining.is_set():
+            try:
+                job = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            self.metrics.queue_length.set(self._queue.qsize())
+            if self._draining.is_set():  # taken in the instant draining began
+                job.send(Failed(APIError(503, SHUTTING_DOWN)))
+                continue
+            if job.cancelled.is_set():  # its client left while it waited
+                job.send(Failed(APIError(499, "the client closed the connection")))
+                continue
+            self.metrics.running.inc()
+            self.metrics.queue_time.observe(time.perf_counter() - job.arrival)
+            try:
+                self._serve(job, engine_for)
+            finally:
+                self.metrics.running.dec()
 
     def _decode_text(self, ids: list[int]) -> str:
         with self._tokenizer_lock:
@@ -257,10 +267,10 @@ class EngineWorker:
         with self._tokenizer_lock:
             return token_text(self.decoder.tokenizer, token)
 
-    def _serve(self, job: Job) -> None:
+    def _serve(self, job: Job, engine_for: Callable[[DecodeConfig], Any]) -> None:
         method = job.config.method
         try:
-            engine = self.decoder.engine(job.config)
+            engine = engine_for(job.config)
         except VerispecError as exc:
             job.send(Failed(APIError(400, str(exc))))
             return
