@@ -197,16 +197,18 @@ class Decoder:
         """Return the token ids that end generation: the tokenizer's EOS and the model's generation EOS ids."""
         return eos_token_ids(self.model(role))
 
-    def engine(self, config: str | DecodeConfig, views: Mapping[str, CausalLM] | None = None) -> Engine:
+    def engine(self, config: str | DecodeConfig, views: Mapping[str, CausalLM] | None = None,
+               load: Callable[[], int] | None = None) -> Engine:
         """Return an `Engine` over the models a decode with `config` (or a method's name, with the default drafter)
         needs, loaded on first use, for decoding token ids. `views`: per role, a model to run in place of the loaded
-        one (a server slot's view of it with a cache of its own, `verispec.models.batched.SlotLM`)."""
+        one (a server slot's view of it with a cache of its own, `verispec.models.batched.SlotLM`); `load`: how many
+        sequences share its passes (`Engine`)."""
         spec = get_method(config if isinstance(config, str) else config.method)
         models = self.models_for(config)
         if views is not None:
             models = {role: views[role] for role in models}
         verifier = self.verifier() if spec.learned_stop else None
-        return Engine(models.get("target"), models.get("draft"), self.eos_token_ids(spec.decoder), verifier)
+        return Engine(models.get("target"), models.get("draft"), self.eos_token_ids(spec.decoder), verifier, load)
 
     def models_for(self, config: str | DecodeConfig) -> dict[str, HFCausalLM]:
         """Return the models a decode with `config` (or a method's name) runs, by role ("target", "draft"), loading

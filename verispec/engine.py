@@ -64,11 +64,15 @@ class Engine:
         draft: CausalLM | None = None,
         eos_token_ids: Iterable[int] = (),
         verifier: StopRule | None = None,
+        load: Callable[[], int] | None = None,
     ):
         self.target = target
         self.draft = draft
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.verifier = verifier  # SPRINTER's learned verifier (a `verispec.learned.LearnedVerifier`)
+        # How many sequences share this engine's passes now (a batched server's); the adaptive draft length then
+        # follows the load (`verispec.drafters.adaptive`). None: decoded alone.
+        self.load = load
 
     def _models_for(self, config: DecodeConfig) -> tuple[CausalLM, CausalLM | None]:
         method = get_method(config.method)
@@ -130,7 +134,8 @@ class Engine:
         elif config.draft_confidence is not None:
             stop_rule = ConfidenceStop(config.draft_confidence)
         generator = torch.Generator().manual_seed(config.seed)
-        lengths = AdaptiveGamma(config.gamma) if config.adaptive_gamma and draft_model is not None else None
+        adaptive = config.adaptive_gamma and draft_model is not None
+        lengths = AdaptiveGamma(config.gamma, sequences=self.load) if adaptive else None
         trace = Trace(prefill_tokens=len(prompt_ids))
         decoder_is_draft = method.decoder == "draft"
         knobs = config.relaxed_knobs() if method.relaxed else None  # validated once, read every round

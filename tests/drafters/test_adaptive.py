@@ -40,6 +40,28 @@ def test_costs_extend_past_the_table():
     assert INT4_COSTS.target_pass(13) > INT4_COSTS.target_pass(12)
 
 
+def test_under_load_the_length_shortens_and_alone_it_is_unchanged():
+    alphas = [a / 20 for a in range(20)]
+    assert all(best_gamma(a, 8, sequences=1) == best_gamma(a, 8) for a in alphas)
+    for alpha in (0.6, 0.8, 0.9, 0.95):
+        lengths = [best_gamma(alpha, 8, sequences=n) for n in (1, 2, 4, 8, 16)]
+        assert lengths == sorted(lengths, reverse=True)  # never longer with more sequences sharing the passes
+    assert best_gamma(0.7, 8, sequences=4) == 0 < best_gamma(0.7, 8)  # a plain step pays more at 4 sequences
+    assert best_gamma(0.95, 8, sequences=4) > 0  # a draft accepted this often still pays
+    flat = RoundCosts(draft=0.36, target=(1.0, 1.0))  # rows cost nothing: the load changes nothing
+    assert all(best_gamma(a, 8, flat, sequences=8) == best_gamma(a, 8, flat) for a in alphas)
+    assert INT4_COSTS.draft_pass(1) == INT4_COSTS.draft and INT4_COSTS.draft_pass(20) > INT4_COSTS.draft_pass(9)
+
+
+def test_a_decode_under_load_drafts_less_and_at_t0_writes_the_same_tokens(tiny_pair, tokenizer):
+    ids = tokenizer.encode("the quick brown fox")
+    config = DecodeConfig("sd", gamma=6, max_new_tokens=40, drafter="model", adaptive_gamma=True)
+    alone = Engine(tiny_pair["target"], tiny_pair["same"]).decode(ids, config)
+    loaded = Engine(tiny_pair["target"], tiny_pair["same"], load=lambda: 16).decode(ids, config)
+    assert loaded.tokens == alone.tokens
+    assert sum(r.model_gamma for r in loaded.trace.rounds) < sum(r.model_gamma for r in alone.trace.rounds)
+
+
 def test_the_estimate_follows_the_rounds_and_drifts_back_to_the_prior_while_idle():
     rule = AdaptiveGamma(6)
     first = rule.next()

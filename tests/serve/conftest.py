@@ -40,8 +40,8 @@ class HeldDecoder(Decoder):
         self.load_gate.wait()
         return super().model(role)
 
-    def engine(self, config: Any, views: Any = None) -> Any:
-        engine, held = super().engine(config, views), self
+    def engine(self, config: Any, views: Any = None, load: Any = None) -> Any:
+        engine, held = super().engine(config, views, load), self
 
         class Held:
             def decode(self, prompt_ids: list[int], config: Any, on_commit: Any = None, on_logprobs: Any = None) -> Any:

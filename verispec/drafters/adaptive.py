@@ -13,6 +13,11 @@ unit of time, E(γ) / T(γ), with
 γ = 0 is a plain target step (E = T = 1). While γ stays 0 nothing is learnt, so the counts decay toward the prior
 and the draft is tried again after a few rounds.
 
+Under load (a server decoding n sequences whose passes run together, `verispec.models.batched`) a round's passes
+carry every sequence's rows: T(γ) = c·g(n)·γ + f(n·(γ + 1)), g(n) being the draft's pass over n rows against one,
+taking the other sequences to draft as this one does. Rows cost more once a pass is no longer bound by reading the
+weights, so the more sequences share the passes, the shorter the best γ: at 4 sequences and α = 0.7 a plain step.
+
 Lossless: the length is chosen before the round from the counts of earlier rounds only (never timings or draws of
 this round), so every round is an ordinary round of its verifier and the target's law is kept; a seed gives the
 same tokens on any machine, since the costs are a fixed table rather than timings of this host.
@@ -20,6 +25,7 @@ same tokens on any machine, since the costs are a fixed table rather than timing
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -29,20 +35,34 @@ class RoundCosts:
 
     draft: float  # c: one draft forward (one token per path)
     target: tuple[float, ...]  # f(k) for k = 1, 2, ...: the target's pass over k rows; the last entry's slope goes on
+    # g(k): the draft's pass over k rows (k sequences) against one row; the default: as one row, whatever k
+    draft_rows: tuple[float, ...] = (1.0, 1.0)
 
     def target_pass(self, rows: int) -> float:
         """Return f(`rows`), extended linearly past the table."""
-        f = self.target
-        if rows <= len(f):
-            return f[rows - 1]
-        slope = f[-1] - f[-2] if len(f) > 1 else f[-1]
-        return f[-1] + slope * (rows - len(f))
+        return _extended(self.target, rows)
+
+    def draft_pass(self, rows: int) -> float:
+        """Return c·g(`rows`): a draft pass over `rows` rows, in target forwards."""
+        return self.draft * _extended(self.draft_rows, rows)
+
+
+def _extended(table: tuple[float, ...], rows: int) -> float:
+    """Return table[rows - 1], extended linearly past the table by its last entries' slope (for one entry: in
+    proportion to `rows`)."""
+    if rows <= len(table):
+        return table[rows - 1]
+    slope = table[-1] - table[-2] if len(table) > 1 else table[-1]
+    return table[-1] + slope * (rows - len(table))
 
 
 # Measured on the default pair's int4 path (2-core Xeon, 8-bit layers on vector registers): the target's medians
 # f(k) over k = 1..12 (benchmarks/results/tile-passes-by-size.json, k = 11 interpolated) and c for the draft with
 # its weights in 4 bits (BENCHMARKS.md §3). A fixed table, not this host's timings: see the module's docstring.
-INT4_COSTS = RoundCosts(draft=0.36, target=(1.0, 1.10, 1.20, 1.30, 1.40, 1.52, 1.93, 1.98, 1.96, 2.02, 2.17, 2.32))
+# g(k): the 4-bit draft's pass over k rows, measured on the same host (one token each, after 100 cached tokens):
+# 1.0, 0.94, -, 1.12, -, -, -, 1.75 at k = 1, 2, 4, 8, and 3.2 at k = 16 (the slope past the table).
+INT4_COSTS = RoundCosts(draft=0.36, target=(1.0, 1.10, 1.20, 1.30, 1.40, 1.52, 1.93, 1.98, 1.96, 2.02, 2.17, 2.32),
+                        draft_rows=(1.0, 1.0, 1.06, 1.12, 1.28, 1.44, 1.60, 1.75, 1.93))
 PRIOR_ACCEPTANCE = 0.7  # what α is taken to be before any round, and what it decays toward while γ stays 0
 PRIOR_WEIGHT = 2.0  # the prior counts as this many tokens' worth of evidence
 DECAY = 0.85  # per round: the last ~7 rounds carry most of the estimate
@@ -56,10 +76,13 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
-def best_gamma(alpha: float, max_gamma: int, costs: RoundCosts = INT4_COSTS) -> int:
-    """Return the γ in 0..`max_gamma` with the most expected tokens per unit of time (the smallest on a tie)."""
+def best_gamma(alpha: float, max_gamma: int, costs: RoundCosts = INT4_COSTS, sequences: int = 1) -> int:
+    """Return the γ in 0..`max_gamma` with the most expected tokens per unit of time (the smallest on a tie), when
+    `sequences` sequences share every pass (each taken to draft as this one)."""
+    n = max(1, sequences)
+
     def rate(gamma: int) -> float:
-        return expected_tokens(alpha, gamma) / (costs.draft * gamma + costs.target_pass(gamma + 1))
+        return expected_tokens(alpha, gamma) / (costs.draft_pass(n) * gamma + costs.target_pass(n * (gamma + 1)))
 
     return max(range(max_gamma + 1), key=lambda gamma: (rate(gamma), -gamma))
 
@@ -68,8 +91,11 @@ class AdaptiveGamma:
     """The draft length of each model-drafted round of one decode (a fresh one per decode)."""
 
     def __init__(self, max_gamma: int, costs: RoundCosts = INT4_COSTS, prior: float = PRIOR_ACCEPTANCE,
-                 prior_weight: float = PRIOR_WEIGHT, decay: float = DECAY) -> None:
-        self.max_gamma, self.costs, self.decay = max_gamma, costs, decay
+                 prior_weight: float = PRIOR_WEIGHT, decay: float = DECAY,
+                 sequences: Callable[[], int] | None = None) -> None:
+        """`sequences`: asked each round how many sequences share the passes (a batched server's load); None:
+        this one alone."""
+        self.max_gamma, self.costs, self.decay, self.sequences = max_gamma, costs, decay, sequences
         self.prior_accepted, self.prior_rejected = prior * prior_weight, (1.0 - prior) * prior_weight
         self.accepted = self.rejected = 0.0  # decayed counts of the model-drafted rounds so far
 
@@ -81,7 +107,8 @@ class AdaptiveGamma:
 
     def next(self) -> int:
         """Return the most tokens the draft model may draft this round (0: none)."""
-        return best_gamma(self.alpha, self.max_gamma, self.costs)
+        sequences = self.sequences() if self.sequences is not None else 1
+        return best_gamma(self.alpha, self.max_gamma, self.costs, sequences)
 
     def observe(self, drafter: str, drafted: int, accepted: int) -> None:
         """Record a round: `drafted` tokens proposed by `drafter`, of which the verifier kept `accepted`. Only the

@@ -18,7 +18,7 @@ for every sequence, which is what batching buys most.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,18 +82,35 @@ class Pass:
 
 
 class ForwardBatcher:
-    """Runs the forwards of the sequences in flight (`enter`/`leave`) on one thread: when every sequence in flight
-    waits on a pass, one batch of them runs (see the module's docstring). `passes`, `rows`, `batched_rows`: how many
-    calls ran, over how many rows, and how many of those rows shared a call with another sequence's."""
+    """Runs the forwards of the sequences in flight (`enter`/`leave`) on one thread, its owner: when every sequence
+    in flight waits on a pass, one batch of them runs (see the module's docstring). The owner may decode a sequence
+    of its own: its passes then run where it waits on them, with no hand-over between threads, so a lone sequence
+    on the owner decodes as fast as without a batcher. `passes`, `rows`, `batched_rows`: how many calls ran, over
+    how many rows, and how many of those rows shared a call with another sequence's."""
 
-    def __init__(self, name: str = "verispec-batcher") -> None:
+    def __init__(self, threads: int | None = None, own_thread: bool = True,
+                 between: Callable[[], None] | None = None, poll: float = 0.05) -> None:
+        """`threads`: the torch threads the passes run on (None: the creating thread's count). `own_thread`: the
+        owner is a thread of the batcher's own; False: the creating thread, which runs batches in `run_once` and
+        while it waits on its own passes (a server's engine thread, which loaded the models. Why: measured on a
+        2-core Xeon, a target forward took 52 ms on the thread that had run the earlier ones and 60-62 ms on a
+        second thread: with two OpenMP pools in the process, more threads than cores, GNU OpenMP shortens the spin
+        of idle workers, and each of a forward's hundreds of parallel loops wakes them from sleep). `between`:
+        called on the owner before each batch and every `poll` seconds while it waits (a server hands new
+        requests to free slots there)."""
+        self.threads = threads or torch.get_num_threads()
+        self.between, self.poll = between, poll
         self._cond = threading.Condition()
         self._active = 0
         self._waiting: list[Pass] = []
         self._closed = False
         self.passes = self.rows = self.batched_rows = 0
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._owner = threading.current_thread()
+        if own_thread:
+            self._thread = threading.Thread(target=self._run_owned, name="verispec-batcher", daemon=True)
+            self._owner = self._thread
+            self._thread.start()
 
     def enter(self) -> None:
         """Count one more sequence in flight: batches wait for its passes from now on."""
@@ -112,25 +129,66 @@ class ForwardBatcher:
         return self._active
 
     def close(self) -> None:
-        """Stop the batcher's thread (passes still waiting fail)."""
+        """Stop running passes (passes still waiting, and any submitted later, fail)."""
         with self._cond:
             self._closed = True
+            for p in self._waiting:
+                p.error, p.done = RuntimeError("the forward batcher closed"), True
+            self._waiting = []
             self._cond.notify_all()
-        self._thread.join(timeout=10)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
 
     def submit(self, p: Pass) -> ForwardOutput:
-        """Wait until pass `p` has run (in a batch); return its outputs or raise its error."""
+        """Wait until pass `p` has run (in a batch; on the owner, running batches meanwhile); return its outputs or
+        raise its error."""
         with self._cond:
             if self._closed:
                 raise RuntimeError("the forward batcher is closed")
             self._waiting.append(p)
             self._cond.notify_all()
+        if threading.current_thread() is self._owner:
             while not p.done:
-                self._cond.wait()
+                self.run_once(until=p)
+        else:
+            with self._cond:
+                while not p.done:
+                    self._cond.wait()
         if p.error is not None:
             raise p.error
         assert p.result is not None
         return p.result
+
+    def run_once(self, until: Pass | None = None) -> bool:
+        """On the owner: run one batch if every sequence in flight waits (else wait up to `poll` seconds for that,
+        or for `until` to be done); return whether one ran."""
+        if self.between is not None:
+            self.between()
+        with self._cond:
+            if not self._ready() and not self._closed and not (until is not None and until.done):
+                self._cond.wait(self.poll)
+            if not self._ready() or self._closed:
+                return False
+            batch = self._take()
+        try:
+            run_batch(batch)
+        except BaseException as exc:  # noqa: BLE001  # handed to every waiting sequence, never lost here
+            for p in batch:
+                p.error = exc
+        with self._cond:
+            self.passes += 1
+            self.rows += sum(p.rows for p in batch)
+            self.batched_rows += sum(p.rows for p in batch) if len(batch) > 1 else 0
+            for p in batch:
+                p.done = True
+            self._cond.notify_all()
+        return True
+
+    def _run_owned(self) -> None:
+        if torch.get_num_threads() != self.threads:  # (setting it unchanged measured slower passes after it)
+            torch.set_num_threads(self.threads)  # this thread's own OpenMP setting
+        while not self._closed:
+            self.run_once()
 
     def _ready(self) -> bool:
         return bool(self._waiting) and len(self._waiting) >= self._active
@@ -147,31 +205,6 @@ class ForwardBatcher:
         batch = [p for p in self._waiting if p.slot.shared is first.slot.shared]
         self._waiting = [p for p in self._waiting if p.slot.shared is not first.slot.shared]
         return batch
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._ready() and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    for p in self._waiting:
-                        p.error, p.done = RuntimeError("the forward batcher closed"), True
-                    self._waiting = []
-                    self._cond.notify_all()
-                    return
-                batch = self._take()
-            try:
-                run_batch(batch)
-            except BaseException as exc:  # noqa: BLE001  # handed to every waiting sequence, never lost here
-                for p in batch:
-                    p.error = exc
-            with self._cond:
-                self.passes += 1
-                self.rows += sum(p.rows for p in batch)
-                self.batched_rows += sum(p.rows for p in batch) if len(batch) > 1 else 0
-                for p in batch:
-                    p.done = True
-                self._cond.notify_all()
 
 
 @torch.inference_mode()

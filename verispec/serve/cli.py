@@ -9,7 +9,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from verispec.serve.config import ServeConfig
+from verispec.serve.config import LOAD_GAMMA, ServeConfig
 
 if TYPE_CHECKING:  # the web stack is imported on first use
     import uvicorn
@@ -68,7 +68,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from verispec.serve import create_app
 
     config = ServeConfig(defaults=decode_config(args), model_name=args.model_name, max_queue=args.max_queue,
-                         max_batch=args.max_batch, time_limit=args.time_limit, shutdown_grace=args.shutdown_grace)
+                         max_batch=args.max_batch, load_gamma=args.load_gamma, time_limit=args.time_limit,
+                         shutdown_grace=args.shutdown_grace)
     decoder = Decoder(args.target, args.draft, dtype=args.dtype, verifier=args.verifier,
                       linear_backend=args.linear_backend, draft_dtype=args.draft_dtype,
                       draft_linear_backend=args.draft_linear_backend)
@@ -115,6 +116,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-batch", type=int, default=d.max_batch, metavar="N",
                    help="requests decoded at once, their model passes batched; each request's tokens are those it "
                         "gets alone (default: %(default)s; 1: one at a time)")
+    p.add_argument("--load-gamma", default=d.load_gamma, choices=LOAD_GAMMA,
+                   help="whether a batched request's adaptive draft length shortens as more requests share the "
+                        "passes: greedy (where it cannot change the request's tokens: lossless methods at T = 0), "
+                        "always (the same law, another sample at T > 0), off (default: %(default)s)")
     p.add_argument("--time-limit", type=float, default=d.time_limit,
                    help="seconds one generation may run before it ends at a round boundary (default: %(default)s)")
     p.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace, metavar="SECONDS",

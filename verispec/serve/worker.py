@@ -241,23 +241,36 @@ class EngineWorker:
     def _consume(self, engine_for: Callable[[DecodeConfig], Any]) -> None:
         """Take jobs from the queue until draining, each decoded on an engine from `engine_for(job.config)`."""
         while not self._draining.is_set():
-            try:
-                job = self._queue.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            self.metrics.queue_length.set(self._queue.qsize())
-            if self._draining.is_set():  # taken in the instant draining began
-                job.send(Failed(APIError(503, SHUTTING_DOWN)))
-                continue
-            if job.cancelled.is_set():  # its client left while it waited
-                job.send(Failed(APIError(499, "the client closed the connection")))
-                continue
-            self.metrics.running.inc()
-            self.metrics.queue_time.observe(time.perf_counter() - job.arrival)
-            try:
-                self._serve(job, engine_for)
-            finally:
-                self.metrics.running.dec()
+            job = self._take_job(0.1)
+            if job is not None:
+                self._handle(job, engine_for)
+
+    def _take_job(self, timeout: float) -> Job | None:
+        """Return the next queued job, waiting up to `timeout` seconds (0: not at all); None if none came."""
+        try:
+            job = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        self.metrics.queue_length.set(self._queue.qsize())
+        return job
+
+    def _handle(self, job: Job, engine_for: Callable[[DecodeConfig], Any]) -> None:
+        """Decode `job` on an engine from `engine_for`, unless draining began or its client left while it waited."""
+        if self._draining.is_set():  # taken in the instant draining began
+            job.send(Failed(APIError(503, SHUTTING_DOWN)))
+            return
+        if job.cancelled.is_set():  # its client left while it waited
+            job.send(Failed(APIError(499, "the client closed the connection")))
+            return
+        self.metrics.running.inc()
+        self.metrics.queue_time.observe(time.perf_counter() - job.arrival)
+        try:
+            self._serve(job, engine_for)
+        except Exception as exc:  # a bug: this request answers 500, the engine goes on serving the others
+            log.exception("serving a request failed")
+            job.send(Failed(APIError(500, f"generation failed: {type(exc).__name__}: {exc}")))
+        finally:
+            self.metrics.running.dec()
 
     def _decode_text(self, ids: list[int]) -> str:
         with self._tokenizer_lock:
