@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -64,7 +65,8 @@ def main() -> None:
     prompts = [p.text for p in load_prompts(args.source, limit=args.prompts)]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    servers = {name: start(batch, args.max_tokens, Path(f"{out}.{name}.log"))
+    logs = Path(tempfile.gettempdir())  # the servers' own logs, not results
+    servers = {name: start(batch, args.max_tokens, logs / f"{out.stem}.{name}.log")
                for name, batch in (("batched", args.max_batch), ("one-at-a-time", 1))}
     urls = {name: url for name, (_, url) in servers.items()}
     try:

@@ -144,3 +144,19 @@ def test_max_batch_is_checked_and_a_server_wide_draft_vocab_serves_one_at_a_time
     assert type(app.state.backend) is EngineWorker
     assert type(create_app(Decoder(), ServeConfig(max_batch=1)).state.backend) is EngineWorker
     assert type(create_app(Decoder(), ServeConfig()).state.backend) is BatchedWorker
+
+
+def test_the_draft_length_follows_the_load_only_where_it_cannot_change_tokens_unless_asked():
+    from verispec.serve.batched import load_follows
+
+    greedy, sampled = DecodeConfig(method="sd"), DecodeConfig().with_settings(method="sd", temperature=1.0)
+    lossy = DecodeConfig().with_settings(method="typical")
+    assert load_follows(greedy, "greedy") and not load_follows(sampled, "greedy") and not load_follows(lossy, "greedy")
+    assert load_follows(sampled, "always") and not load_follows(greedy, "off")
+    with pytest.raises(Exception, match="load_gamma"):
+        ServeConfig(load_gamma="sometimes")
+    from verispec.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--max-batch", "2", "--load-gamma", "off"])
+    assert (args.max_batch, args.load_gamma) == (2, "off")
+    assert build_parser().parse_args(["serve"]).max_batch == ServeConfig().max_batch == 4

@@ -21,7 +21,7 @@ from verispec.methods import get_method
 from verispec.models.batched import ForwardBatcher, SlotLM
 from verispec.serve.config import ServeConfig
 from verispec.serve.metrics import ServerMetrics
-from verispec.serve.worker import EngineWorker, Job
+from verispec.serve.worker import EngineWorker, Job, log
 
 PRIORITY = {"draft": 0, "target": 1}  # the draft's passes first, so that the target's meet in one call
 
@@ -50,6 +50,11 @@ class BatchedWorker(EngineWorker):
             return SlotEngines(self.decoder, slots, batcher, self.config.load_gamma)
 
         own = engines()
+        shared = [role for role, slot in own.slots.items() if slot.batchable(1)]
+        alone = [role for role in own.slots if role not in shared]
+        log.info("decoding up to %d requests at once; batched passes: %s%s", self.config.max_batch,
+                 ", ".join(shared) or "none",
+                 f" ({', '.join(alone)}: off verispec's kernels, one pass at a time)" if alone else "")
         self._helpers = [Helper(engines()) for _ in range(self.config.max_batch - 1)]
         for index, helper in enumerate(self._helpers, 1):
             threading.Thread(target=self._help, args=(helper,), name=f"verispec-slot-{index}", daemon=True).start()
