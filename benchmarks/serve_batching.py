@@ -13,16 +13,14 @@ The requests at each level: max(4, 2 x clients) prompts of `--source`, the same 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmarks.serve_overhead import free_port
+from benchmarks.serve_overhead import free_port, wait_ready
 from verispec.bench.datasets import load_prompts
 from verispec.bench.files import write_atomically
 from verispec.provenance import provenance
@@ -37,18 +35,8 @@ def start(max_batch: int, max_tokens: int, log: Path) -> tuple[subprocess.Popen,
                "--max-queue", "64", "--max-new-tokens", str(max_tokens), "--log-level", "warning"]
     server = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT,
                               env=os.environ | {"HF_HUB_OFFLINE": "1"})
-    for _ in range(1200):  # the models load in the background: wait for /health
-        if server.poll() is not None:
-            raise SystemExit(f"the server stopped: see {log}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return server, f"http://127.0.0.1:{port}"
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit("the server did not become ready in 10 minutes")
+    wait_ready(port, lambda: server.poll() is None)  # (its log: `log`)
+    return server, f"http://127.0.0.1:{port}"
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,9 +41,18 @@ def start_server(decoder: Decoder, port: int) -> None:
     app = create_app(decoder, ServeConfig(defaults=DecodeConfig()))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
+    wait_ready(port)
+
+
+def wait_ready(port: int, running: Callable[[], bool] = lambda: True, seconds: float = 600.0) -> None:
+    """Wait until the server on `port` answers /health with 200 (the models load in the background); exit if
+    `running()` turns false or after `seconds`."""
     import http.client
 
-    for _ in range(600):  # the models load in the background: wait for /health
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not running():
+            raise SystemExit("the server stopped before it was ready")
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
             conn.request("GET", "/health")
@@ -50,8 +60,8 @@ def start_server(decoder: Decoder, port: int) -> None:
                 return
         except OSError:
             pass
-        time.sleep(1)
-    raise SystemExit("the server did not become ready in 10 minutes")
+        time.sleep(0.5)
+    raise SystemExit(f"the server did not become ready in {seconds:.0f} s")
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -75,10 +75,11 @@ class Pass:
     result: ForwardOutput | None = None
     error: BaseException | None = None
     done: bool = False
-    rows: int = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.rows = len(self.tokens)
+    @property
+    def rows(self) -> int:
+        """Return the number of new tokens the pass runs over."""
+        return len(self.tokens)
 
 
 class ForwardBatcher:
