@@ -101,12 +101,16 @@ def peer_build(label: str) -> tuple[str, str]:
 
 
 def server_command(binary: Path, target: Path, draft: Path | None, gamma: int, threads: int, port: int,
-                   context: int = CONTEXT) -> list[str]:
-    """Return the `llama-server` command line: one slot, `threads` threads, no prompt cache, no web UI; with a
-    draft, speculative decoding at exactly γ draft tokens per round."""
+                   context: int = CONTEXT, slots: int = 1) -> list[str]:
+    """Return the `llama-server` command line: `slots` parallel slots of `context` tokens each, continuously
+    batched, `threads` threads, no prompt cache, no web UI; with a draft, speculative decoding at exactly γ draft
+    tokens per round."""
+    # --ctx-size is the KV cache of all slots together: without a unified KV cache llama-server splits it evenly
+    # (n_ctx_slot = ctx / slots), so slots x context gives every slot the context one slot has
     cmd = [str(binary), "--model", str(target), "--host", "127.0.0.1", "--port", str(port),
-           "--threads", str(threads), "--threads-batch", str(threads), "--ctx-size", str(context),
-           "--parallel", "1", "--no-cache-prompt", "--cache-ram", "0", "--no-webui"]
+           "--threads", str(threads), "--threads-batch", str(threads), "--ctx-size", str(slots * context),
+           "--parallel", str(slots), "--no-kv-unified", "--cont-batching", "--no-cache-prompt", "--cache-ram", "0",
+           "--no-webui"]
     if draft is not None:
         # --spec-type: without it this llama.cpp infers the type from the draft GGUF's metadata, finds none in a
         # plain model, loads the draft and never drafts
@@ -115,17 +119,23 @@ def server_command(binary: Path, target: Path, draft: Path | None, gamma: int, t
     return cmd
 
 
-def request_body(prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig, seed: int) -> dict[str, Any]:
-    """Return the /completion request: the prompt's token ids, verispec's sampling (temperature, top-k, top-p in
-    that order; 0 = greedy), every other llama.cpp sampler off, no prompt cache, the generated token ids back."""
+def sampler_fields(sampling: SamplingConfig) -> dict[str, Any]:
+    """Return the request fields that make llama.cpp sample as verispec does: temperature, top-k, top-p in that
+    order (0 = greedy), every other llama.cpp sampler off, no prompt cache (its /completion and chat endpoints
+    read the same fields)."""
     return {
-        "prompt": list(prompt_ids), "n_predict": max_new_tokens, "seed": seed, "stream": False,
-        "cache_prompt": False, "return_tokens": True, "ignore_eos": False,
-        "temperature": float(sampling.temperature), "top_k": sampling.top_k, "top_p": float(sampling.top_p),
-        "samplers": ["temperature", "top_k", "top_p"], "min_p": 0.0, "typical_p": 1.0, "top_n_sigma": -1.0,
-        "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0,
-        "xtc_probability": 0.0, "mirostat": 0, "n_probs": 0,
+        "cache_prompt": False, "temperature": float(sampling.temperature), "top_k": sampling.top_k,
+        "top_p": float(sampling.top_p), "samplers": ["temperature", "top_k", "top_p"], "min_p": 0.0,
+        "typical_p": 1.0, "top_n_sigma": -1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
+        "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0, "n_probs": 0,
     }
+
+
+def request_body(prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig, seed: int) -> dict[str, Any]:
+    """Return the /completion request: the prompt's token ids, verispec's sampling (`sampler_fields`), the
+    generated token ids back."""
+    return {"prompt": list(prompt_ids), "n_predict": max_new_tokens, "seed": seed, "stream": False,
+            "return_tokens": True, "ignore_eos": False, **sampler_fields(sampling)}
 
 
 def parse_steps(log: str) -> list[tuple[int, int]]:
@@ -284,15 +294,17 @@ class LlamaCppPeers:
     """The llama.cpp peers of one benchmark run: checks up front (every build they name built, GGUF files), one
     server per peer, build and γ started on first use, all stopped on exit (use as a context manager)."""
 
-    def __init__(self, methods: list[str], target: str | None, draft: str | None, threads: int) -> None:
-        """`methods`: the run's method labels (or names); those of llama.cpp peers say which builds must exist."""
+    def __init__(self, methods: list[str], target: str | None, draft: str | None, threads: int,
+                 slots: int = 1) -> None:
+        """`methods`: the run's method labels (or names); those of llama.cpp peers say which builds must exist.
+        `slots`: requests each server decodes at once (its `--parallel`)."""
         peers = [peer_build(label) for label in methods if label.partition(":")[0] in LLAMACPP_PEERS]
         isas = dict.fromkeys(isa for _, isa in peers) or {llamacpp_build.DEFAULT_ISA: None}
         self.binaries = {isa: require_built(isa) for isa in isas}
         self.target = gguf_file(target, "target")
         speculative = any(name == "llamacpp-speculative" for name, _ in peers)
         self.draft = gguf_file(draft, "draft") if speculative else None
-        self.threads = threads
+        self.threads, self.slots = threads, slots
         self.servers: dict[tuple[str, int, str], LlamaServer] = {}
         self.log_dir = Path(tempfile.mkdtemp(prefix="verispec-llamacpp-"))
 
@@ -310,7 +322,7 @@ class LlamaCppPeers:
         if key not in self.servers:
             binary = self.binaries.get(isa) or require_built(isa)
             draft = self.draft if method == "llamacpp-speculative" else None
-            command = server_command(binary, self.target, draft, gamma, self.threads, _free_port())
+            command = server_command(binary, self.target, draft, gamma, self.threads, _free_port(), slots=self.slots)
             name = method if isa == llamacpp_build.DEFAULT_ISA else f"{method}-{isa}"
             name = f"{name}-gamma{gamma}" if draft is not None else name
             self.servers[key] = LlamaServer(command, self.log_dir, name, trace=draft is not None)

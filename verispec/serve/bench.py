@@ -3,6 +3,11 @@ inter-token latency (p50/p95) per method. Standard library HTTP only, so the cli
 
 Inter-token latency of one request = (time of its last text − time of its first text) / (completion tokens − 1):
 the server sends a round's tokens together, so per-chunk gaps would mix rounds of different sizes.
+
+Another OpenAI-compatible server (a peer, e.g. llama.cpp's `llama-server`) is measured the same way with
+`verispec_options` off: its requests carry no `verispec` field, `method` only labels them, and `extra_body` holds
+its own request fields. Completion tokens are counted from the `usage` of the stream's last chunk
+(`stream_options.include_usage`), which llama-server sends too; its `timings` are kept in the records.
 """
 
 from __future__ import annotations
@@ -35,18 +40,29 @@ class ServeBenchConfig:
     model: str = "verispec"
     timeout: float = 600.0  # seconds per request
     prompts: list[str] = field(default_factory=lambda: list(BUILTIN_PROMPTS))
+    verispec_options: bool = True  # send the `verispec` field (method, γ); off for a peer, which decodes its own way
+    extra_body: dict[str, Any] = field(default_factory=dict)  # more fields in every request (a peer's sampler)
+
+
+def chat_body(config: ServeBenchConfig, method: str, prompt: str) -> dict[str, Any]:
+    """Return the streaming chat request for `prompt`: with `method` (and γ) in its `verispec` field unless
+    `config.verispec_options` is off, then `config.extra_body`."""
+    body = {"model": config.model, "messages": [{"role": "user", "content": prompt}], "stream": True,
+            "stream_options": {"include_usage": True}, "max_tokens": config.max_tokens,
+            "temperature": config.temperature}
+    if config.verispec_options:
+        body["verispec"] = {"method": method} | ({"gamma": config.gamma} if config.gamma else {})
+    return body | config.extra_body
 
 
 def stream_chat(config: ServeBenchConfig, method: str, prompt: str) -> dict[str, Any]:
     """Send one streaming chat request; return its timings, token count and the server's statistics."""
     url = urlsplit(config.url)
-    options: dict[str, Any] = {"method": method} | ({"gamma": config.gamma} if config.gamma else {})
-    body = {"model": config.model, "messages": [{"role": "user", "content": prompt}], "stream": True,
-            "stream_options": {"include_usage": True}, "max_tokens": config.max_tokens,
-            "temperature": config.temperature, "verispec": options}
+    body = chat_body(config, method, prompt)
     conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=config.timeout)
     start = time.perf_counter()
-    record: dict[str, Any] = {"method": method, "status": None, "text_times": [], "usage": None, "verispec": None}
+    record: dict[str, Any] = {"method": method, "status": None, "text_times": [], "usage": None, "verispec": None,
+                              "timings": None}
     try:
         conn.request("POST", url.path.rstrip("/") + "/v1/chat/completions", json.dumps(body),
                      {"Content-Type": "application/json"})
@@ -64,6 +80,7 @@ def stream_chat(config: ServeBenchConfig, method: str, prompt: str) -> dict[str,
                 record["text_times"].append(time.perf_counter() - start)
             record["usage"] = chunk.get("usage") or record["usage"]
             record["verispec"] = chunk.get("verispec") or record["verispec"]
+            record["timings"] = chunk.get("timings") or record["timings"]  # llama-server's own counts and times
     finally:
         record["seconds"] = time.perf_counter() - start
         conn.close()
