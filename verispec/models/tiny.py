@@ -27,7 +27,7 @@ def tiny_tokenizer(chars: str = TINY_CHARS) -> Any:
 
 def tiny_qwen2(
     vocab_size: int, seed: int, hidden: int = 32, layers: int = 2, dtype: torch.dtype = torch.float64,
-    tie_embeddings: bool = False,
+    tie_embeddings: bool = False, heads: int = 4, kv_heads: int = 2,
 ) -> Any:
     """Return a Qwen2ForCausalLM with random weights drawn from a generator seeded by `seed` (with
     `tie_embeddings`, the LM head shares the embedding's weight, as in Qwen2.5's small models)."""
@@ -38,8 +38,8 @@ def tiny_qwen2(
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=512,
         tie_word_embeddings=tie_embeddings,
         eos_token_id=0,

@@ -1,0 +1,59 @@
+"""Run vLLM's offline engine on token-id prompts, from a JSON job, in vLLM's own environment (`.venv-vllm`).
+
+    .venv-vllm/bin/python -m verispec.vllm.run JOB.json OUT.json
+
+JOB: {"engine": {keyword arguments of vllm.LLM: model, dtype, speculative_config, ...},
+      "prompts": [[token ids], ...], "max_tokens": N, "temperature": T, "seeds": [one per prompt] or null,
+      "ignore_eos": bool, "rule": verispec rule name or null, "repeat": timed repeats (default 1)}
+OUT: {"vllm": version, "load_seconds": s, "generate_seconds": [s per repeat], "outputs": [[token ids], ...]}
+
+The tests and the bench peers drive vLLM through this one script in a subprocess: vLLM pins its own transformers,
+so it lives in a virtualenv of its own, and each run starts from a clean process (vLLM's engine keeps global
+state). "rule" sets VERISPEC_VLLM_RULE before vLLM starts, so the plugin (`verispec.vllm.register`) installs it in
+every vLLM process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from verispec.bench.files import write_atomically
+
+
+def run(job: dict[str, Any]) -> dict[str, Any]:
+    """Load the engine, generate for every prompt (`repeat` times, timed), and return the outputs of the last."""
+    if job.get("rule"):
+        os.environ["VERISPEC_VLLM_RULE"] = job["rule"]
+    start = time.perf_counter()
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(**job["engine"])
+    load_seconds = time.perf_counter() - start
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
+    seeds = job.get("seeds") or [None] * len(prompts)
+    params = [SamplingParams(temperature=job.get("temperature", 0.0), max_tokens=job["max_tokens"], seed=seed,
+                             ignore_eos=job.get("ignore_eos", True)) for seed in seeds]
+    times, outputs = [], []
+    for _ in range(job.get("repeat", 1)):
+        begin = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        times.append(time.perf_counter() - begin)
+    return {"vllm": vllm.__version__, "load_seconds": load_seconds, "generate_seconds": times,
+            "outputs": [list(out.outputs[0].token_ids) for out in outputs]}
+
+
+def main() -> None:
+    job_path, out_path = sys.argv[1:3]
+    result = run(json.loads(Path(job_path).read_text()))
+    write_atomically(Path(out_path), json.dumps(result))
+
+
+if __name__ == "__main__":  # vLLM starts its engine in spawned processes, which re-import this module
+    main()
