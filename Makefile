@@ -7,7 +7,7 @@ STAMP := $(VENV)/.verispec-installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install models run test test-fast lint clean peers
+.PHONY: install models run test test-fast lint clean peers vllm test-vllm
 
 install: $(STAMP)
 
@@ -45,5 +45,26 @@ test-fast: install lint
 peers: models
 	$(BIN)/python -m verispec.native.llamacpp_build --isa $(or $(ISA),native)
 
+# vLLM's CPU build in a virtualenv of its own, with verispec beside it (its plugin: docs/vllm.md). PyPI's
+# torchvision, torchaudio and torchcodec wheels are CUDA builds that cannot load against the CPU torch, and
+# transformers imports torchvision when it is present, which breaks `import vllm`; text models need none of them.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.verispec-installed
+
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml requirements/vllm.txt requirements/datasets.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet -r requirements/vllm.txt
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -r requirements/datasets.txt
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(VLLM_STAMP)
+
+# The plugin's tests inside vLLM (a few minutes); `make test` skips them where vLLM is not installed.
+test-vllm: vllm
+	$(VLLM_VENV)/bin/python -m pytest -q tests/vllm
+
 clean:
-	rm -rf $(VENV) results .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) results .pytest_cache .ruff_cache

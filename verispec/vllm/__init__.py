@@ -42,4 +42,19 @@ def register() -> None:
     if rule not in RULES:
         raise ConfigError(f"{RULE_ENV}={rule!r}: verispec's rules inside vLLM are {', '.join(sorted(RULES))}")
     check_vllm_version()
+    check_model_runner()
     install(rule)
+
+
+def check_model_runner() -> None:
+    """Raise ConfigError where vLLM would run its Model Runner V2, whose sampler the hook does not reach.
+
+    vLLM picks V2 wherever Triton runs (its GPU builds) unless VLLM_USE_V2_MODEL_RUNNER=0; without Triton (the CPU
+    build) it runs V1, whose `RejectionSampler` calls the function `install` replaces. Refusing here keeps a rule
+    from being silently ignored.
+    """
+    from vllm.triton_utils import HAS_TRITON
+
+    if HAS_TRITON and os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").lower() not in ("0", "false"):
+        raise ConfigError(f"{RULE_ENV} hooks the sampler of vLLM's V1 model runner; with Triton present vLLM would "
+                          "run Model Runner V2. Set VLLM_USE_V2_MODEL_RUNNER=0 as well (docs/vllm.md).")
