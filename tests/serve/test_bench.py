@@ -75,8 +75,12 @@ def test_a_peer_stream_is_counted_from_its_usage():
         config = ServeBenchConfig(url=f"http://127.0.0.1:{server.server_port}", methods=["llamacpp-generate"],
                                   clients=2, requests=2, verispec_options=False, prompts=["p"])
         result = run_serve_bench(config)
+        # the command line's way to the same: `--other-server`, for vLLM's or llama.cpp's OpenAI server
+        assert main(["bench-serve", "--url", config.url, "--other-server", "--model", "served-id", "--methods",
+                     "vllm", "--clients", "1", "--requests", "1"]) == 0
     finally:
         server.shutdown()
+    assert len(server.bodies) == 3 and server.bodies[-1]["model"] == "served-id"
     summary = result["methods"]["llamacpp-generate"]
     assert summary["ok"] == 2 and summary["tokens_per_s"] > 0 and summary["tokens_per_target_call"] is None
     assert all(r["usage"]["completion_tokens"] == 3 and len(r["text_times"]) == 3 for r in result["records"])

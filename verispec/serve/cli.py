@@ -87,7 +87,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
 
     config = ServeBenchConfig(url=args.url, methods=args.methods, clients=args.clients, requests=args.requests,
                               max_tokens=args.max_tokens, gamma=args.gamma, temperature=args.temperature,
-                              model=args.model, timeout=args.timeout)
+                              model=args.model, timeout=args.timeout, verispec_options=not args.other_server)
     if args.prompts:
         config.prompts = [line for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     result = run_serve_bench(config)
@@ -141,4 +141,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=b.timeout, help="seconds per request (default: %(default)s)")
     p.add_argument("--prompts", help="a text file with one prompt per line (default: the built-in prompts)")
     p.add_argument("--out", help="write the per-request records and the summary as JSON here")
+    p.add_argument("--other-server", action="store_true",
+                   help="the server is not verispec (vLLM's or llama.cpp's OpenAI server): send no `verispec` "
+                        "field; --methods then only label the runs, and --model must be the id it serves")
     p.set_defaults(func=cmd_bench_serve)
