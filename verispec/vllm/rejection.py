@@ -27,6 +27,9 @@ from verispec.verify.token import token_verify_law
 
 # The rules vLLM can host: single-path, lossless. (GBV needs several paths per request, which vLLM's proposers do
 # not give; SPRINTER's verifier decides inside the drafting loop, which a vLLM proposer would have to own.)
+# BV on its torch path: the native law kernel (verispec.native.laws) would be compiled on first use inside vLLM's
+# worker and bring GNU OpenMP into a process that runs vLLM's own OpenMP runtime; the torch path computes the same
+# law (tests/verify hold the two equal).
 RULES: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], BlockLaw]] = {
     "bv": functools.partial(block_verify_law, use_kernel=False),
     "sd": token_verify_law,
