@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 from verispec.bench.datasets import load_prompts
 from verispec.bench.files import write_atomically
 from verispec.models.default_pair import DRAFT, TARGET, converted_dir
 from verispec.provenance import provenance
+from verispec.vllm.run import run_in_subprocess
 
 NGRAM = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 VERISPEC_NGRAM = {"method": "custom_class", "model": "verispec.vllm.proposer.NgramProposer"}
@@ -45,30 +42,21 @@ def configurations(gamma: int) -> dict[str, tuple[dict | None, str | None]]:
     }
 
 
-def run_one(args: argparse.Namespace, prompts: list[list[int]], spec: dict | None, rule: str | None,
-            scratch: Path) -> dict:
+def run_one(args: argparse.Namespace, prompts: list[list[int]], spec: dict | None, rule: str | None) -> dict:
     """Run one configuration in a fresh process; return its result (or its error)."""
     engine = {"model": str(converted_dir(TARGET)), "dtype": args.dtype, "enforce_eager": True,
-              "max_model_len": 2048, "max_num_seqs": len(prompts), "max_num_batched_tokens": 2048, "seed": 0,
-              "disable_log_stats": False}
+              "max_model_len": 2048, "max_num_seqs": len(prompts), "max_num_batched_tokens": 2048, "seed": 0}
     if spec:
         engine["speculative_config"] = spec
     job = {"engine": engine, "prompts": prompts, "max_tokens": args.max_tokens, "temperature": args.temperature,
            "seeds": list(range(len(prompts))), "ignore_eos": True, "rule": rule, "repeat": 1 + args.repeat}
-    job_path, out_path = scratch / "job.json", scratch / "out.json"
-    job_path.write_text(json.dumps(job))
-    out_path.unlink(missing_ok=True)
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(args.kv_gib),
-                        "VLLM_CPU_OMP_THREADS_BIND": args.cores, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    done = subprocess.run([sys.executable, "-m", "verispec.vllm.run", str(job_path), str(out_path)], env=env,
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        return {"error": done.stderr[-3000:], "returncode": done.returncode}
-    result = json.loads(out_path.read_text())
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(args.kv_gib), "VLLM_CPU_OMP_THREADS_BIND": args.cores,
+           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    result, stderr = run_in_subprocess(job, env)
+    if result is None:
+        return {"error": stderr[-3000:]}
     tokens = sum(len(out) for out in result["outputs"])
-    timed = result["generate_seconds"][1:]
-    result["tokens_per_s"] = [tokens / s for s in timed]
-    result["acceptance"] = [line for line in done.stderr.splitlines() if "acceptance" in line.lower()][-3:]
+    result["tokens_per_s"] = [tokens / s for s in result["generate_seconds"][1:]]  # the first pass is the warm-up
     return result
 
 
@@ -94,12 +82,11 @@ def main() -> None:
     configs = {k: v for k, v in configurations(args.gamma).items() if not args.only or k in args.only}
     order = list(configs) + list(configs)[::-1]
     runs: dict[str, list[dict]] = {name: [] for name in configs}
-    scratch = Path(tempfile.mkdtemp(prefix="vllm-peer-"))
     for name in order:
-        result = run_one(args, prompts, *configs[name], scratch)
+        result = run_one(args, prompts, *configs[name])
         runs[name].append(result)
         if "error" in result:
-            print(f"{name}: failed (exit {result['returncode']}): {result['error'].splitlines()[-1:]}", flush=True)
+            print(f"{name}: failed: {result['error'].splitlines()[-1:]}", flush=True)
         else:
             rates = ", ".join(f"{t:.2f}" for t in result["tokens_per_s"])
             print(f"{name}: load {result['load_seconds']:.0f} s, {rates} tok/s", flush=True)

@@ -77,6 +77,24 @@ def request(url: str, method: str, path: str, body: bytes | dict | None = None) 
         return response.status, headers, raw
 
 
+def open_stream(url: str, body: dict, timeout: float = 60.0) -> Iterator[dict | str]:
+    """POST a streamed chat request; yield its events (JSON chunks, then "[DONE]"). Closing the generator closes
+    the connection: a client that leaves."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request("POST", "/v1/chat/completions", json.dumps(body | {"stream": True}),
+                     {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200
+        for line in response:
+            if line.startswith(b"data: "):
+                payload = line[6:].strip().decode()
+                yield payload if payload == "[DONE]" else json.loads(payload)
+    finally:
+        conn.close()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -5,7 +5,6 @@ equal the requests' own counts."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.models.test_batched import int4_pair
-from tests.serve.conftest import request, running_server
+from tests.serve.conftest import open_stream, request, running_server
 from verispec import Decoder
 from verispec.engine import DecodeConfig
 from verispec.models.decoder_stack import stack_kernel
@@ -56,24 +55,17 @@ def offline(decoder: Decoder, job: tuple[str, dict, float], seed: int) -> str:
 
 def stream_text(url: str, payload: dict, leave_after: int | None = None) -> str:
     """Stream a chat request; return its text (with `leave_after`, close the connection after that many chunks)."""
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=120)
-    conn.request("POST", "/v1/chat/completions", json.dumps(payload | {"stream": True}),
-                 {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    assert response.status == 200
+    events = open_stream(url, payload, timeout=120)
     text, chunks = "", 0
-    for line in response:
-        if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+    for event in events:
+        if event == "[DONE]":
             continue
-        event = json.loads(line[6:])
         if event["choices"]:
             text += event["choices"][0]["delta"].get("content") or ""
             chunks += 1
         if leave_after is not None and chunks >= leave_after:
-            conn.sock.close()
+            events.close()
             break
-    conn.close()
     return text
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import signal
 import subprocess
@@ -16,7 +14,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from tests.serve.conftest import free_port, request, running_server
+from tests.serve.conftest import free_port, open_stream, request, running_server
 from verispec.cli import build_parser
 from verispec.errors import ConfigError
 from verispec.serve import ServeConfig, create_app
@@ -44,21 +42,6 @@ def wait_for(condition, what: str, seconds: float = 60.0) -> None:
 
 # One request at a time, so that a request sent while one runs waits in the queue (and is refused by draining).
 ONE_AT_A_TIME = ServeConfig(max_batch=1)
-
-
-def open_stream(url: str, body: dict) -> Iterator[dict | str]:
-    """POST a streamed chat request; yield its events (JSON chunks, then "[DONE]")."""
-    host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=60)
-    conn.request("POST", "/v1/chat/completions", json.dumps(body | {"stream": True}),
-                 {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    assert response.status == 200
-    for line in response:
-        if line.startswith(b"data: "):
-            payload = line[6:].strip().decode()
-            yield payload if payload == "[DONE]" else json.loads(payload)
-    conn.close()
 
 
 def content(events: Iterator[dict | str], n: int) -> None:

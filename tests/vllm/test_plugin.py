@@ -91,13 +91,13 @@ def test_expand_batch_to_tokens():
     assert expand_batch_to_tokens(torch.tensor([0.0, 3.0]), torch.tensor([1, 2]), 2, 0, 1).tolist() == [1.0, 3.0]
 
 
-def test_proposer_looks_up_each_request():
+def test_proposer_looks_up_each_request(monkeypatch):
     """Each row's continuation of its longest recent suffix, cut to γ and to the context left; [] while a request
     samples nothing (it is reading its prompt)."""
+    monkeypatch.setattr("verispec.vllm.proposer.check_vllm_version", lambda: None)  # the check needs vLLM itself
     config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3),
                              model_config=SimpleNamespace(max_model_len=12))
-    proposer = NgramProposer.__new__(NgramProposer)  # the constructor's vLLM version check needs vLLM
-    proposer.gamma, proposer.max_model_len, proposer.ngram_min, proposer.ngram_max = 3, 12, 2, 4
+    proposer = NgramProposer(config)
     tokens = np.zeros((3, 12), dtype=np.int64)
     tokens[0, :8] = [1, 2, 3, 4, 5, 1, 2, 3]
     tokens[1, :4] = [7, 8, 9, 6]
@@ -105,7 +105,6 @@ def test_proposer_looks_up_each_request():
     drafts = proposer.propose([[3], [6], [4]], np.array([8, 4, 10]), tokens)
     assert drafts == [[4, 5, 1], [], [5]]  # row 2: 10 of 12 positions used, so one draft token fits
     assert proposer.propose([[], [6], [4]], np.array([8, 4, 10]), tokens)[0] == []
-    del config
 
 
 def test_version_and_rule_guards(monkeypatch):

@@ -9,10 +9,6 @@ transformers, enumerated over all 8^3 continuations.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from itertools import product
 from pathlib import Path
@@ -21,6 +17,7 @@ import pytest
 import torch
 
 from tests.stats import FALSE_ALARM, chi_square_pvalue
+from verispec.vllm.run import run_in_subprocess
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment: `make vllm`, then `make test-vllm`")
 
@@ -41,7 +38,7 @@ def tiny_model(tmp_path_factory) -> Path:
     return folder
 
 
-def run_vllm(model: Path, tmp_path: Path, prompts: list[list[int]], temperature: float, max_tokens: int,
+def run_vllm(model: Path, prompts: list[list[int]], temperature: float, max_tokens: int,
              speculative: dict | None, rule: str | None, seeds: list[int] | None = None) -> list[list[int]]:
     """Return vLLM's outputs for `prompts` from a fresh process (`verispec.vllm.run`)."""
     engine = {"model": str(model), "dtype": "float32", "skip_tokenizer_init": True, "enforce_eager": True,
@@ -50,13 +47,9 @@ def run_vllm(model: Path, tmp_path: Path, prompts: list[list[int]], temperature:
         engine["speculative_config"] = speculative
     job = {"engine": engine, "prompts": prompts, "max_tokens": max_tokens, "temperature": temperature,
            "seeds": seeds, "ignore_eos": True, "rule": rule}
-    job_path, out_path = tmp_path / "job.json", tmp_path / "out.json"
-    job_path.write_text(json.dumps(job))
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    done = subprocess.run([sys.executable, "-m", "verispec.vllm.run", str(job_path), str(out_path)], env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(out_path.read_text())["outputs"]
+    result, stderr = run_in_subprocess(job, {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}, timeout=900)
+    assert result is not None, stderr[-4000:]
+    return result["outputs"]
 
 
 def exact_law(model: Path) -> dict[tuple[int, ...], float]:
@@ -76,17 +69,17 @@ def exact_law(model: Path) -> dict[tuple[int, ...], float]:
 
 
 @pytest.mark.parametrize("rule", ["bv", "sd"])
-def test_law_through_vllm(rule, tiny_model, tmp_path):
+def test_law_through_vllm(rule, tiny_model):
     """4000 seeded requests at T = 1: the first three tokens follow the target's law (chi-square, FALSE_ALARM)."""
-    outputs = run_vllm(tiny_model, tmp_path, [PROMPT] * RUNS, 1.0, STEPS, PROPOSER, rule, seeds=list(range(RUNS)))
+    outputs = run_vllm(tiny_model, [PROMPT] * RUNS, 1.0, STEPS, PROPOSER, rule, seeds=list(range(RUNS)))
     counts = Counter(tuple(out[:STEPS]) for out in outputs)
     assert chi_square_pvalue(counts, exact_law(tiny_model)) > FALSE_ALARM
 
 
-def test_greedy_equals_vllms_own(tiny_model, tmp_path):
+def test_greedy_equals_vllms_own(tiny_model):
     """At T = 0 the plugin's rule with verispec's proposer emits vLLM's own greedy decoding, token for token."""
     gen = torch.Generator().manual_seed(0)
     prompts = [PROMPT] + [torch.randint(0, VOCAB, (12,), generator=gen).tolist() * 2 for _ in range(7)]
-    plain = run_vllm(tiny_model, tmp_path, prompts, 0.0, 24, None, None)
-    verified = run_vllm(tiny_model, tmp_path, prompts, 0.0, 24, PROPOSER, "bv")
+    plain = run_vllm(tiny_model, prompts, 0.0, 24, None, None)
+    verified = run_vllm(tiny_model, prompts, 0.0, 24, PROPOSER, "bv")
     assert verified == plain

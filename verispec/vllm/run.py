@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,19 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         times.append(time.perf_counter() - begin)
     return {"vllm": vllm.__version__, "load_seconds": load_seconds, "generate_seconds": times,
             "outputs": [list(out.outputs[0].token_ids) for out in outputs]}
+
+
+def run_in_subprocess(job: dict[str, Any], env: dict[str, str] | None = None, python: str = sys.executable,
+                      timeout: float | None = None) -> tuple[dict[str, Any] | None, str]:
+    """Run `job` in a fresh process of `python` (vLLM's environment); return (its result, or None when it failed,
+    and its standard error)."""
+    with tempfile.TemporaryDirectory(prefix="verispec-vllm-") as scratch:
+        job_path, out_path = Path(scratch) / "job.json", Path(scratch) / "out.json"
+        job_path.write_text(json.dumps(job))
+        done = subprocess.run([python, "-m", "verispec.vllm.run", str(job_path), str(out_path)],
+                              env=os.environ | (env or {}), capture_output=True, text=True, timeout=timeout)
+        result = json.loads(out_path.read_text()) if done.returncode == 0 else None
+    return result, done.stderr
 
 
 def main() -> None:
