@@ -18,18 +18,21 @@ import copy
 import math
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from verispec.models.int4 import Int4Linear, Int8RowLinear, extension, grid_4bit, huge_page_copy
 from verispec.native.cpu import supported_isas
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_revisions import call  # noqa: E402  (a sibling script: one layer called through any build of the kernel)
-
 # (out, in, bits): attention q/o, k/v, the MLP's gate/up and down projections, and an 8-bit down projection
 SHAPES = [(1536, 1536, 4), (256, 1536, 4), (8960, 1536, 4), (1536, 8960, 4), (1536, 8960, 8)]
+
+
+def call(kernel, lay: Int4Linear | Int8RowLinear, x: torch.Tensor) -> torch.Tensor:
+    """One layer's forward through `kernel`, any build of the extension."""
+    if isinstance(lay, Int8RowLinear):
+        return kernel.linear8(x, lay.packed, lay.scale, lay.rowsum, lay.bias)
+    return kernel.linear(x, lay.packed, lay.bias)
 
 
 def layers(out_features: int, in_features: int, bits: int, gen: torch.Generator,
