@@ -229,15 +229,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     from verispec.bench.llamacpp import LLAMACPP_PEERS
     from verispec.bench.peers import PEERS
     from verispec.bench.runner import DEFAULT_OUT, BenchConfig
+    from verispec.bench.vllm import VLLM_PEERS
     from verispec.methods import METHODS
 
     d = BenchConfig()  # the defaults, read once
     p = sub.add_parser("bench", help="benchmark methods and peers on a prompt set: results JSON, table, report")
     add_prompt_options(p.add_argument_group("prompts"), d)
     g = p.add_argument_group("methods")
+    names = ", ".join([*METHODS, *PEERS, *LLAMACPP_PEERS, *VLLM_PEERS])
     g.add_argument("--methods", nargs="+", default=d.methods,
-                   help=f"run in this order on each prompt; from {', '.join([*METHODS, *PEERS, *LLAMACPP_PEERS])} "
-                        "(the llamacpp-* peers need `make peers`), each optionally "
+                   help=f"run in this order on each prompt; from {names} "
+                        "(the llamacpp-* peers need `make peers`, the vllm-* ones `make vllm`), each optionally "
                         "with settings, e.g. sd:gamma=2 gbv:paths=3,gamma=8 sprinter:tau=0.3 (default: %(default)s)")
     g.add_argument("--baseline", default=d.baseline, help="speedups are against it (default: ar if run, else first)")
     g.add_argument("--compare-to", default=d.compare_to, help="also report speedups against this method (e.g. sd)")

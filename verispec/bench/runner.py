@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from verispec.bench.metrics import summarize
 from verispec.bench.peers import PEERS, peer_generate
 from verispec.bench.quality import quality_records
 from verispec.bench.variants import MethodVariant, parse_method
+from verispec.bench.vllm import VLLM_PEERS, VllmPeers, vllm_generate
 from verispec.engine import DecodeConfig
 from verispec.errors import ConfigError
 from verispec.learned.collect import prompt_fingerprint
@@ -85,7 +87,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         if not self.methods:
-            raise ConfigError(f"no methods; choose from: {', '.join([*METHODS, *PEERS, *LLAMACPP_PEERS])}")
+            raise ConfigError(f"no methods; choose from: {', '.join([*METHODS, *PEERS, *LLAMACPP_PEERS, *VLLM_PEERS])}")
         for label in self.methods:
             self.variant(label)
         if self.compare_to is not None and self.compare_to not in self.methods:
@@ -105,7 +107,7 @@ class BenchConfig:
 
     def variant(self, label: str) -> MethodVariant:
         """Return the parsed method variant `label` (e.g. "sd:gamma=2")."""
-        return parse_method(label, {*METHODS, *PEERS, *LLAMACPP_PEERS})
+        return parse_method(label, {*METHODS, *PEERS, *LLAMACPP_PEERS, *VLLM_PEERS})
 
     def sampling(self) -> SamplingConfig:
         """Return the sampling settings shared by every method."""
@@ -122,16 +124,20 @@ class BenchConfig:
 
 def decode_one(decoder: Decoder, config: BenchConfig, method: str, prompt: Prompt, index: int,
                max_new_tokens: int | None = None, peer_decoder: Decoder | None = None,
-               llamacpp: LlamaCppPeers | None = None) -> Any:
+               llamacpp: LlamaCppPeers | None = None, vllm: VllmPeers | None = None) -> Any:
     """Decode `prompt` with method variant `method` (engine method or peer); return its Generation /
     PeerGeneration. Peers run on `peer_decoder` when given (transformers' own linears); the llama.cpp peers on
-    `llamacpp`'s servers, with the prompt tokenized by `decoder`."""
+    `llamacpp`'s servers and the vLLM peers on `vllm`'s workers, with the prompt tokenized by `decoder`."""
     name = config.variant(method).name
     settings = config.decode_config(index, max_new_tokens, method)
     if name in LLAMACPP_PEERS:
         if llamacpp is None:
             raise ConfigError(f"{method} needs the llama.cpp peers' servers (run it through run_bench)")
         return llamacpp_generate(llamacpp, decoder, prompt.text, method, settings, config.chat_template)
+    if name in VLLM_PEERS:
+        if vllm is None:
+            raise ConfigError(f"{method} needs the vLLM peers' workers (run it through run_bench)")
+        return vllm_generate(vllm, decoder, prompt.text, method, settings, config.chat_template)
     if name in PEERS:
         return peer_generate(peer_decoder or decoder, prompt.text, name, settings, config.chat_template)
     problem = execution_problem(prompt) if config.stop_at_function_end else None
@@ -219,17 +225,23 @@ def run_bench(
     benchmark can stop and go on later; each record says in which `run` it was measured. With `archive_path`, the
     results' archive (`verispec.bench.archive`: compressed, prompt texts left out, meant to be committed) is
     rewritten whenever the results file is, so a run cut off between prompts keeps all it measured in it.
-    The llama.cpp peers are checked (binary built, GGUF files) before any model loads; their servers stop when the
-    run ends, however it ends."""
-    # Before anything slow (llama.cpp servers, prompts, models): never measure for minutes, then fail to save.
+    The llama.cpp and vLLM peers are checked (binaries or vLLM's Python, model files) before any model loads; their
+    servers and workers stop when the run ends, however it ends."""
+    # Before anything slow (peers' servers, prompts, models): never measure for minutes, then fail to save.
     if out_path is not None:
         check_writable(out_path)
     if archive_path is not None:
         check_writable(archive_path, "the archive")
-    if not any(config.variant(m).name in LLAMACPP_PEERS for m in config.methods):
-        return _run_bench(config, out_path, decoder, prompts, progress, resume, archive_path, None)
-    with LlamaCppPeers(list(config.methods), config.target, config.draft, torch.get_num_threads()) as llamacpp:
-        return _run_bench(config, out_path, decoder, prompts, progress, resume, archive_path, llamacpp)
+    names = {config.variant(m).name for m in config.methods}
+    with ExitStack() as stack:
+        servers = {}  # the peers' processes, passed only to the runs that have such peers
+        if names & set(LLAMACPP_PEERS):
+            servers["llamacpp"] = stack.enter_context(
+                LlamaCppPeers(list(config.methods), config.target, config.draft, torch.get_num_threads()))
+        if names & set(VLLM_PEERS):
+            servers["vllm"] = stack.enter_context(
+                VllmPeers(list(config.methods), config.target, config.draft, torch.get_num_threads()))
+        return _run_bench(config, out_path, decoder, prompts, progress, resume, archive_path, servers)
 
 
 def _run_bench(
@@ -240,9 +252,9 @@ def _run_bench(
     progress: bool,
     resume: bool,
     archive_path: str | Path | None,
-    llamacpp: LlamaCppPeers | None,
+    servers: dict[str, Any],
 ) -> dict[str, Any]:
-    """`run_bench`'s body, with the llama.cpp peers' servers (None when no such peer runs)."""
+    """`run_bench`'s body, with the peers' servers and workers by kind ("llamacpp", "vllm"; only those that run)."""
     from tqdm import tqdm
 
     if prompts is None:
@@ -281,10 +293,9 @@ def _run_bench(
     todo = [i for i in range(len(prompts)) if i not in done]
     run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_seconds": 0.0, "prompts": [],
            **provenance(config.device)}
-    if llamacpp is not None:
-        run["versions"]["llama.cpp"] = llamacpp.version()
+    if "llamacpp" in servers:
+        run["versions"]["llama.cpp"] = servers["llamacpp"].version()
     peer_decoder = None
-    servers = {"llamacpp": llamacpp} if llamacpp is not None else {}  # passed only when a llama.cpp peer runs
     if todo:
         runs.append(run)
         if decoder is None:
@@ -333,6 +344,8 @@ def _run_bench(
                           "run": len(runs) - 1, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), **gen.to_dict()})
             bar.update()
         run["wall_seconds"] += time.perf_counter() - start
+        if "vllm" in servers:  # known once a worker has started
+            run["versions"]["vllm"] = servers["vllm"].version()
         # Scoring happens after the prompt's timed runs, so it never touches a measured decode.
         add_flops(batch, decoder)
         if config.quality:

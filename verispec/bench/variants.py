@@ -27,8 +27,9 @@ OVERRIDES = {"gamma": int, "paths": int, "tau": float, "cap": int, "drafter": st
              "adaptive_gamma": _flag,
              **{name: type(getattr(RelaxedKnobs, name)) for name in RelaxedKnobs.__dataclass_fields__}}
 # A peer's own settings, kept out of the decode settings: the llama.cpp build a llama.cpp peer runs
-# (`llamacpp-generate:isa=avx2`; verispec.bench.llamacpp.peer_build reads and checks it).
-PEER_SETTINGS = {"llamacpp-generate": ("isa",), "llamacpp-speculative": ("isa",)}
+# (`llamacpp-generate:isa=avx2`; verispec.bench.llamacpp.peer_build reads and checks it) and vLLM's speculative
+# method (`vllm-speculative:method=ngram`; verispec.bench.vllm.speculative_method).
+PEER_SETTINGS = {"llamacpp-generate": ("isa",), "llamacpp-speculative": ("isa",), "vllm-speculative": ("method",)}
 # The lossy rules' knobs by their short names after the rule (verify/relaxed.py): short name -> DecodeConfig field.
 KNOB_NAMES = {
     "typical": {"epsilon": "typical_epsilon", "delta": "typical_delta"},

@@ -1,6 +1,7 @@
 """Run vLLM's offline engine on token-id prompts, from a JSON job, in vLLM's own environment (`.venv-vllm`).
 
     .venv-vllm/bin/python -m verispec.vllm.run JOB.json OUT.json
+    .venv-vllm/bin/python -m verispec.vllm.run --worker ENGINE_JSON     (the bench peers' worker: `worker`)
 
 JOB: {"engine": {keyword arguments of vllm.LLM: model, dtype, speculative_config, ...},
       "prompts": [[token ids], ...], "max_tokens": N, "temperature": T, "seeds": [one per prompt] or null,
@@ -64,7 +65,57 @@ def run_in_subprocess(job: dict[str, Any], env: dict[str, str] | None = None, py
     return result, done.stderr
 
 
+SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens": "accepted"}
+
+
+def spec_counts(llm: Any) -> dict[str, int]:
+    """Return vLLM's spec-decode counters (drafts, draft tokens, accepted tokens), summed over engines."""
+    counts = dict.fromkeys(SPEC_COUNTERS.values(), 0)
+    for metric in llm.get_metrics():
+        if metric.name in SPEC_COUNTERS and hasattr(metric, "value"):
+            counts[SPEC_COUNTERS[metric.name]] += int(metric.value)
+    return counts
+
+
+def worker(engine: dict[str, Any]) -> None:
+    """Load `vllm.LLM(**engine)` once, then answer one JSON request per line of standard input until it ends.
+
+    Request: {"prompt": [token ids], "max_tokens", "temperature", "top_k", "top_p", "seed", "stop_token_ids"}.
+    Reply, one JSON line: {"tokens", "seconds" (wall time of `LLM.generate`), "counts" (the spec-decode counters'
+    increments)}; the first line is {"vllm": version, "load_seconds"}, and a failure is {"error": text}. Replies go
+    to the standard output the process started with; everything else that writes to it goes to standard error.
+    """
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # vLLM and its libraries log to stdout: keep the reply channel clean
+    start = time.perf_counter()
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(**engine)
+    replies.write(json.dumps({"vllm": vllm.__version__, "load_seconds": time.perf_counter() - start}) + "\n")
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            prompt = TokensPrompt(prompt_token_ids=request.pop("prompt"))
+            params = SamplingParams(**request)
+            before = spec_counts(llm)
+            begin = time.perf_counter()
+            output = llm.generate([prompt], params, use_tqdm=False)[0]
+            seconds = time.perf_counter() - begin
+            after = spec_counts(llm)
+            reply = {"tokens": list(output.outputs[0].token_ids), "seconds": seconds,
+                     "counts": {key: after[key] - before[key] for key in after}}
+        except Exception as exc:  # the parent shows it and stops the run; this process ends with its input
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        replies.write(json.dumps(reply) + "\n")
+
+
 def main() -> None:
+    if sys.argv[1] == "--worker":
+        worker(json.loads(sys.argv[2]))
+        return
     job_path, out_path = sys.argv[1:3]
     result = run(json.loads(Path(job_path).read_text()))
     write_atomically(Path(out_path), json.dumps(result))
