@@ -79,6 +79,9 @@ class DecodeConfig:
     # None = off; k in 0..20: each emitted token's log-probability under the decoding model's processed law, and
     # the k likeliest tokens at its position (verispec/logprobs.py)
     logprobs: int | None = None
+    # N: the prompt is read in passes of at most N tokens (the engine's `read_prompt`: a batched server's long
+    # prompts then run beside the other requests' rounds, not before them); None = in one pass
+    prompt_chunk: int | None = None
 
     def __post_init__(self) -> None:
         method = get_method(self.method)
@@ -118,6 +121,10 @@ class DecodeConfig:
         check_penalty("presence_penalty", self.presence_penalty)
         check_penalty("frequency_penalty", self.frequency_penalty)
         check_logprobs(self.logprobs)
+        if self.prompt_chunk is not None and (not isinstance(self.prompt_chunk, int) or isinstance(
+                self.prompt_chunk, bool) or self.prompt_chunk < 1):
+            raise ConfigError(f"prompt_chunk must be an integer >= 1 (tokens per prompt pass) or None, got "
+                              f"{self.prompt_chunk!r}")
 
     def relaxed_knobs(self) -> RelaxedKnobs:
         """Return the lossy rules' knobs (validated; ConfigError names a knob out of range)."""

@@ -146,6 +146,11 @@ class Engine:
         start = time.perf_counter()
         tokens = [int(t) for t in prompt_ids]
         n_prompt = len(tokens)
+        if config.prompt_chunk is not None:
+            readers = [(decoder, "draft" if decoder_is_draft else "target")]
+            if draft_model is not None and config.drafter == "model":  # the drafters that read it at once
+                readers.append((draft_model, "draft"))
+            read_prompt(readers, tokens, config.prompt_chunk, trace)
         stopped_at_eos = False
         generated: Counter[int] = Counter()  # the penalties' counts: tokens committed so far, not the prompt
         logprobs: list[TokenLogprob] | None = [] if config.logprobs is not None else None
@@ -313,6 +318,33 @@ def _keep(model: CausalLM, base: int, kept: list[int], chain: bool) -> None:
         model.truncate(min(model.cache_length, base + len(kept)))
     else:
         model.keep(list(range(min(base, model.cache_length))) + kept)
+
+
+def read_prompt(models: list[tuple[CausalLM, str]], tokens: list[int], chunk: int, trace: Trace) -> None:
+    """Feed each of `models` (with its role, "target" or "draft", for the trace's counts) all but the last of the
+    prompt `tokens`, in passes of at most `chunk` tokens; the first round then reads the last prompt token with
+    its block, as it reads any round's.
+
+    Why: a batched server runs a long prompt's pass beside the other sequences' rounds; read whole, it stalls them
+    for the whole prompt, read in chunks they go on between its chunks (`verispec.serve.batched`). On the row-exact
+    paths (int4, int8) a chunk of at most the decode kernels' rows (`prompt_rows`) gives every position the bits
+    of one-token passes, so the tokens are the same for any such chunk; a longer prompt read whole runs other
+    kernels (the prompt copies). So a decode reads its prompt the same way alone and in a batch only with the same
+    setting."""
+    fed = len(tokens) - 1
+    for model, role in models:
+        t0 = time.perf_counter()
+        calls = 0
+        for begin in range(0, fed, chunk):
+            model.forward(tokens[begin : min(begin + chunk, fed)], n_logits=1)
+            calls += 1
+        seconds = time.perf_counter() - t0
+        if role == "draft":
+            trace.draft_calls, trace.draft_tokens = trace.draft_calls + calls, trace.draft_tokens + fed
+            trace.time_draft += seconds
+        else:
+            trace.target_calls, trace.target_tokens = trace.target_calls + calls, trace.target_tokens + fed
+            trace.time_target += seconds
 
 
 def tree_pass(decoder: CausalLM, tokens: list[int], block: DraftBlock) -> tuple[torch.Tensor, PrefixTree, int]:

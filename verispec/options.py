@@ -75,6 +75,10 @@ def add_decode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-confidence", type=float, default=DecodeConfig.draft_confidence,
                         help="h: a draft path ends after a token the draft drew with probability below h (sd, bv; "
                              "T > 0; lossless: only the draft length changes; default: never)")
+    parser.add_argument("--prompt-chunk", type=int, default=DecodeConfig.prompt_chunk, metavar="N",
+                        help="read the prompt in passes of at most N tokens (a batched server's long prompts then "
+                             "run beside the other requests; `serve --max-batch` > 1 reads in 64s unless given; "
+                             "0: in one pass; default: one pass)")
 
 
 class _LogitBias(argparse.Action):
@@ -117,4 +121,6 @@ def decode_config(args: argparse.Namespace) -> DecodeConfig:
 
     variant = parse_method(args.method, set(METHODS))
     settings = {name: getattr(args, name) for name in SETTINGS if name != "method" and hasattr(args, name)}
+    if settings.get("prompt_chunk") == 0:
+        settings["prompt_chunk"] = None  # 0 on the command line: the whole prompt in one pass
     return DecodeConfig(method=variant.name).with_settings(**(settings | variant.overrides))

@@ -183,3 +183,50 @@ def test_a_model_with_a_reduced_head_cannot_be_shared(pair):
     reduced = HFCausalLM(tiny_qwen2(len(tokenizer), seed=1), tokenizer, vocab_ids=list(range(10)))
     with pytest.raises(ValueError, match="reduced head"):
         SlotLM(reduced, ForwardBatcher())
+
+
+def test_a_prompt_read_in_chunks_gets_the_same_tokens_for_any_chunk_and_shares_the_batch(pair, one_thread):
+    # On the int4 path every chunk of at most the decode kernels' rows gives the bits of one-token passes: any
+    # chunk size gives the same tokens. (Read whole, the prompt runs the prompt kernels: other bits, and on a tiny
+    # random model, whose logits are close, other tokens.)
+    long_prompt = prompt(150, 7)
+    cases = [config(method=m, prompt_chunk=chunk, **s) for m, s in (("sd", {"temperature": 1.0, "seed": 7}),
+                                                                    ("ar", {}))
+             for chunk in (None, 64, 17)]
+    got = {(c.method, c.prompt_chunk): alone(pair, long_prompt, c) for c in cases}
+    for method in ("sd", "ar"):
+        assert got[(method, 64)] == got[(method, 17)]
+    # In a batch: the long prompt's chunks run beside the short sequences' rounds, not alone before them
+    short = [(prompt(6, 8 + i), config(method="sd", seed=8 + i, max_new_tokens=40)) for i in range(2)]
+    chunked = [(long_prompt, config(method="sd", temperature=1.0, seed=7, prompt_chunk=64))]
+    expected = [alone(pair, p, c) for p, c in short + chunked]
+    batcher = ForwardBatcher()
+    try:
+        slots = [{role: SlotLM(pair[role], batcher, priority) for role, priority in (("target", 1), ("draft", 0))}
+                 for _ in range(3)]
+        assert batched(slots, batcher, short + chunked) == expected
+        assert batcher.rows - batcher.batched_rows < 64  # no prompt pass ran alone
+    finally:
+        batcher.close()
+
+
+def test_a_prompt_read_in_chunks_on_float64_gives_the_tokens_of_one_pass():
+    # Off the row-exact paths chunks change only rounding: in float64 the greedy tokens are those of one pass,
+    # which shows each chunk at its own positions after the ones before.
+    tokenizer = tiny_tokenizer()
+    target = HFCausalLM(tiny_qwen2(len(tokenizer), seed=21), tokenizer)
+    draft = HFCausalLM(perturb(tiny_qwen2(len(tokenizer), seed=21), 0.05, seed=22), tokenizer)
+    engine = Engine(target, draft, EOS)
+    long_prompt = prompt(50, 9)
+    for method in ("ar", "sd"):
+        whole = engine.decode(long_prompt, config(method=method)).tokens
+        for chunk in (1, 7, 49, 64):
+            out = engine.decode(long_prompt, config(method=method, prompt_chunk=chunk))
+            assert out.tokens == whole, (method, chunk)
+            reads = -(-49 // chunk)  # passes over the prompt's first 49 tokens
+            assert out.trace.target_calls == reads + len(out.trace.rounds)
+
+
+def test_prompt_chunk_is_checked():
+    with pytest.raises(Exception, match="prompt_chunk must be an integer >= 1"):
+        config(prompt_chunk=0)

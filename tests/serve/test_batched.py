@@ -152,3 +152,13 @@ def test_the_draft_length_follows_the_load_only_where_it_cannot_change_tokens_un
     args = build_parser().parse_args(["serve", "--max-batch", "2", "--load-gamma", "off"])
     assert (args.max_batch, args.load_gamma) == (2, "off")
     assert build_parser().parse_args(["serve"]).max_batch == ServeConfig().max_batch == 4
+
+
+@pytest.mark.parametrize(("argv", "chunk"), [([], 64), (["--max-batch", "1"], None), (["--prompt-chunk", "0"], None),
+                                             (["--prompt-chunk", "16"], 16), (["--max-batch", "1", "--prompt-chunk",
+                                                                               "8"], 8)])
+def test_a_batched_server_reads_prompts_in_chunks_unless_told(argv, chunk):
+    from verispec.cli import build_parser
+    from verispec.serve.cli import serve_config
+
+    assert serve_config(build_parser().parse_args(["serve", *argv])).defaults.prompt_chunk == chunk

@@ -52,9 +52,12 @@ class BatchedWorker(EngineWorker):
         own = engines()
         shared = [role for role, slot in own.slots.items() if slot.batchable(1)]
         alone = [role for role in own.slots if role not in shared]
-        log.info("decoding up to %d requests at once; batched passes: %s%s", self.config.max_batch,
+        chunk = self.config.defaults.prompt_chunk
+        log.info("decoding up to %d requests at once; batched passes: %s%s; prompts read %s", self.config.max_batch,
                  ", ".join(shared) or "none",
-                 f" ({', '.join(alone)}: off verispec's kernels, one pass at a time)" if alone else "")
+                 f" ({', '.join(alone)}: off verispec's kernels, one pass at a time)" if alone else "",
+                 f"in passes of at most {chunk} tokens (as `verispec generate --prompt-chunk {chunk}` reads them)"
+                 if chunk else "in one pass (--prompt-chunk 0: a long prompt holds up the other requests)")
         self._helpers = [Helper(engines()) for _ in range(self.config.max_batch - 1)]
         for index, helper in enumerate(self._helpers, 1):
             threading.Thread(target=self._help, args=(helper,), name=f"verispec-slot-{index}", daemon=True).start()

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from verispec.serve.config import LOAD_GAMMA, ServeConfig
+from verispec.serve.config import BATCH_PROMPT_CHUNK, LOAD_GAMMA, ServeConfig
 
 if TYPE_CHECKING:  # the web stack is imported on first use
     import uvicorn
@@ -59,17 +59,27 @@ def draining_server(config: uvicorn.Config, backend: Backend, grace: float) -> u
     return DrainingServer()
 
 
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """Return the server settings `verispec serve`'s options describe: a batched server reads prompts in chunks of
+    BATCH_PROMPT_CHUNK tokens unless --prompt-chunk says otherwise (0: in one pass)."""
+    from verispec.options import decode_config
+
+    defaults = decode_config(args)
+    if args.prompt_chunk is None and args.max_batch > 1:  # not given: long prompts must not stall the batch
+        defaults = defaults.with_settings(prompt_chunk=BATCH_PROMPT_CHUNK)
+    return ServeConfig(defaults=defaults, model_name=args.model_name, max_queue=args.max_queue,
+                       max_batch=args.max_batch, load_gamma=args.load_gamma, time_limit=args.time_limit,
+                       shutdown_grace=args.shutdown_grace)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load the pair once and serve the OpenAI API until SIGTERM or SIGINT, then drain and return 0."""
     import uvicorn
 
     from verispec.api import Decoder
-    from verispec.options import decode_config
     from verispec.serve import create_app
 
-    config = ServeConfig(defaults=decode_config(args), model_name=args.model_name, max_queue=args.max_queue,
-                         max_batch=args.max_batch, load_gamma=args.load_gamma, time_limit=args.time_limit,
-                         shutdown_grace=args.shutdown_grace)
+    config = serve_config(args)
     decoder = Decoder(args.target, args.draft, dtype=args.dtype, verifier=args.verifier,
                       linear_backend=args.linear_backend, draft_dtype=args.draft_dtype,
                       draft_linear_backend=args.draft_linear_backend)
