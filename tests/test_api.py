@@ -157,7 +157,7 @@ def test_the_recorded_linear_backend_is_the_one_in_use(tiny_pair, tmp_path, monk
 def test_an_int4_target_gets_a_4bit_draft_unless_told_otherwise(tiny_pair, tmp_path):
     folders = saved_pair(tiny_pair, tmp_path)
     pair = Decoder(str(folders["target"]), str(folders["partial"]), linear_backend="int4")
-    assert pair.draft_linear_backend == "int4-rounded"
+    assert pair.models.linear_backend_of("draft") == "int4-rounded"
     assert pair.model("target").linear_backend == "int4" and pair.model("draft").linear_backend == "int4-rounded"
     ar = pair.generate("def f(x):", method="ar", max_new_tokens=12, chat_template=False)
     sd = pair.generate("def f(x):", method="sd", gamma=3, max_new_tokens=12, chat_template=False)
@@ -165,6 +165,6 @@ def test_an_int4_target_gets_a_4bit_draft_unless_told_otherwise(tiny_pair, tmp_p
     as_given = Decoder(str(folders["target"]), str(folders["partial"]), linear_backend="int4",
                        draft_linear_backend="int4")
     assert as_given.model("draft").linear_backend == "int4"
-    assert Decoder(linear_backend="int8").draft_linear_backend == "int8"
+    assert Decoder(linear_backend="int8").models.linear_backend_of("draft") == "int8"
     with pytest.raises(ConfigError, match="linear backend 'int3'"):
         Decoder("some/model", draft_linear_backend="int3")

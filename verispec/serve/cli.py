@@ -64,15 +64,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from verispec.api import Decoder
-    from verispec.options import decode_config
+    from verispec.options import decode_config, model_spec
     from verispec.serve import create_app
 
     config = ServeConfig(defaults=decode_config(args), model_name=args.model_name, max_queue=args.max_queue,
                          max_batch=args.max_batch, load_gamma=args.load_gamma, time_limit=args.time_limit,
                          shutdown_grace=args.shutdown_grace)
-    decoder = Decoder(args.target, args.draft, dtype=args.dtype, verifier=args.verifier,
-                      linear_backend=args.linear_backend, draft_dtype=args.draft_dtype,
-                      draft_linear_backend=args.draft_linear_backend)
+    decoder = Decoder(model_spec(args))
     app = create_app(decoder, config)
     server = draining_server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                             timeout_graceful_shutdown=FLUSH_SECONDS),
