@@ -99,6 +99,10 @@ def test_every_command_that_loads_models_takes_the_model_options(command):
     assert model_spec(build_parser().parse_args(command)) == ModelSpec()  # the defaults are ModelSpec's
 
 
+def test_profile_takes_a_device_too():  # its own model options: it also times architectures from a config.json
+    assert build_parser().parse_args(["profile", "--device", "cuda:1"]).device == "cuda:1"
+
+
 @pytest.mark.parametrize("command", LOADING_COMMANDS, ids=lambda c: " ".join(c))
 def test_a_bad_device_is_one_line_before_anything_loads(command, capsys):
     assert main([*command, "--device", "gpu"]) == 2

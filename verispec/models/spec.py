@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,7 +120,7 @@ def _role(role: str) -> str:
     return role
 
 
-def _as_field(name: str, check: Any, value: Any) -> None:
+def _as_field(name: str, check: Callable[[Any], Any], value: Any) -> None:
     """Run `check(value)`, giving its ConfigError the field `name`."""
     try:
         check(value)

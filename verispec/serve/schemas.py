@@ -355,8 +355,8 @@ def settings(request: _Common, defaults: DecodeConfig) -> Settings:
     except ConfigError as exc:
         param = error_param(exc, set(requested))
         message = str(exc)
-        if exc.field == "max_new_tokens":  # the request calls it max_tokens; the message starts with the setting
-            message = "max_tokens" + message.removeprefix("max_new_tokens")
+        if exc.field == "max_new_tokens":  # the request calls the setting max_tokens
+            message = message.replace("max_new_tokens", "max_tokens", 1)
         raise APIError(400, message, param=param) from None
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return Settings(config, stop, bool(request.stream), include_usage, max_tokens is not None)
