@@ -97,6 +97,20 @@ def test_with_settings_merges_sampling_and_resets_paths_for_another_method():
         base.with_settings(knobs={"typical_epsilon": 0.2})
 
 
+def test_generate_takes_the_models_as_a_spec_or_by_name_and_keeps_them_loaded(tiny_pair, monkeypatch):
+    from verispec import ModelSpec, api
+
+    monkeypatch.setattr(api, "_DECODERS", {})
+    spec = ModelSpec(tiny_pair["target"], tiny_pair["partial"])
+    settings = {"method": "sd", "gamma": 3, "max_new_tokens": 6, "chat_template": False}
+    by_spec = generate("hello", models=spec, **settings)
+    by_name = generate("hello", target=tiny_pair["target"], draft=tiny_pair["partial"], **settings)
+    assert by_spec.tokens == by_name.tokens and list(api._DECODERS) == [spec]  # one pair loaded, reused
+    with pytest.raises(ConfigError, match="unknown dtype") as caught:
+        generate("hello", models=spec, dtype="int3", **settings)
+    assert caught.value.field == "dtype"
+
+
 def test_different_vocabulary_sizes_are_rejected(tiny_pair):
     other = tiny_tokenizer(TINY_CHARS + "XYZ")
     bigger = HFCausalLM(tiny_qwen2(len(other), seed=4), other, name="bigger")
@@ -157,7 +171,7 @@ def test_the_recorded_linear_backend_is_the_one_in_use(tiny_pair, tmp_path, monk
 def test_an_int4_target_gets_a_4bit_draft_unless_told_otherwise(tiny_pair, tmp_path):
     folders = saved_pair(tiny_pair, tmp_path)
     pair = Decoder(str(folders["target"]), str(folders["partial"]), linear_backend="int4")
-    assert pair.draft_linear_backend == "int4-rounded"
+    assert pair.models.linear_backend_of("draft") == "int4-rounded"
     assert pair.model("target").linear_backend == "int4" and pair.model("draft").linear_backend == "int4-rounded"
     ar = pair.generate("def f(x):", method="ar", max_new_tokens=12, chat_template=False)
     sd = pair.generate("def f(x):", method="sd", gamma=3, max_new_tokens=12, chat_template=False)
@@ -165,6 +179,6 @@ def test_an_int4_target_gets_a_4bit_draft_unless_told_otherwise(tiny_pair, tmp_p
     as_given = Decoder(str(folders["target"]), str(folders["partial"]), linear_backend="int4",
                        draft_linear_backend="int4")
     assert as_given.model("draft").linear_backend == "int4"
-    assert Decoder(linear_backend="int8").draft_linear_backend == "int8"
+    assert Decoder(linear_backend="int8").models.linear_backend_of("draft") == "int8"
     with pytest.raises(ConfigError, match="linear backend 'int3'"):
         Decoder("some/model", draft_linear_backend="int3")

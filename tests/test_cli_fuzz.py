@@ -67,13 +67,12 @@ def random_argv(rng: random.Random, path_values: list[str]) -> list[str]:
 @pytest.fixture
 def sandbox(tmp_path, monkeypatch):
     """Model loading and setup replaced by WouldLoad; cache and working folder in a temporary folder."""
-    from verispec import api
-    from verispec.models import default_pair, loading
+    from verispec.models import default_pair, loading, spec
 
     def would_load(*args, **kwargs):
         raise WouldLoad
 
-    monkeypatch.setattr(api, "load_model", would_load)
+    monkeypatch.setattr(spec, "load_model", would_load)
     monkeypatch.setattr(loading, "load_model", would_load)
     monkeypatch.setattr(default_pair, "setup", would_load)
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))

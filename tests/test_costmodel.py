@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 import pytest
 
@@ -28,6 +27,7 @@ from verispec.costmodel import (
 )
 from verispec.engine import DecodeConfig, Engine
 from verispec.errors import ConfigError
+from verispec.models.spec import ModelSpec
 from verispec.trace import RoundTrace, Trace
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -206,7 +206,7 @@ def test_modelled_speedup_on_a_memory_bound_profile_equals_the_speedup_formula(b
 
 
 def _results_file(tmp_path, records):
-    config = BenchConfig(methods=["ar", "sd"], gamma=3, linear_backend="torch")
+    config = BenchConfig(methods=["ar", "sd"], gamma=3, models=ModelSpec(linear_backend="torch"))
     results = results_dict(config, records, 100)
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results))
@@ -253,10 +253,10 @@ def test_peers_are_priced_with_their_own_profile(tmp_path, bench_records):
     assert mixed["hf-generate"]["modelled_speedup"] == pytest.approx(0.5)
     assert mixed["sd"] == plain["sd"]  # the engine's methods keep the main profile
 
-    config = BenchConfig(methods=["ar", "sd", "hf-generate"], gamma=3, linear_backend="onednn")
+    config = BenchConfig(methods=["ar", "sd", "hf-generate"], gamma=3, models=ModelSpec(linear_backend="onednn"))
     path = _results_file(tmp_path, records)
     results = json.loads(path.read_text())
-    results["config"] = asdict(config)
+    results["config"] = config.to_dict()
     path.write_text(json.dumps(results))
     here, peer = hand_profile(), hand_profile()
     here.machine = peer.machine = {"platform": "TestOS"}
@@ -273,10 +273,10 @@ def test_peers_are_priced_with_their_own_profile(tmp_path, bench_records):
 
 def test_modelled_theory_uses_each_methods_own_gamma(tmp_path, bench_records):
     records = [{**r, "method": "sd:gamma=1"} if r["method"] == "sd" else r for r in bench_records]
-    config = BenchConfig(methods=["ar", "sd:gamma=1"], gamma=3, linear_backend="torch")
+    config = BenchConfig(methods=["ar", "sd:gamma=1"], gamma=3, models=ModelSpec(linear_backend="torch"))
     path = _results_file(tmp_path, records)
     results = json.loads(path.read_text())
-    results["config"] = asdict(config)
+    results["config"] = config.to_dict()
     results["aggregate"] = summarize(records, config.methods, "ar", {"ar": 3, "sd:gamma=1": 1}, 100, 0)
     path.write_text(json.dumps(results))
     accel = accelerator_profile(1000, 250)

@@ -7,8 +7,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from verispec.drafters import uses_draft_model
 from verispec.engine import DecodeConfig, Engine
 from verispec.errors import ConfigError
@@ -16,11 +14,10 @@ from verispec.inputs import check_prompt
 from verispec.limits import check_context
 from verispec.logprobs import TokenLogprob
 from verispec.methods import get_method
-from verispec.models.fastpath import check_linear_backend, draft_backend_for
-from verispec.models.hf import HFCausalLM, check_model_spec, parse_dtype
-from verispec.models.loading import DEFAULT, DEFAULT_LINEAR_BACKEND, load_model
+from verispec.models.hf import HFCausalLM
 from verispec.models.pair import check_compatible, encode_prompt, eos_token_ids
 from verispec.models.protocol import CausalLM
+from verispec.models.spec import MODEL_SETTINGS, ROLES, ModelSpec
 from verispec.trace import Trace
 
 
@@ -54,46 +51,31 @@ class Generation:
 class Decoder:
     """A draft/target pair kept loaded for many generations. Models load lazily, on first use.
 
-    `target`/`draft`: None or "default" for the embedded Qwen2.5-Coder pair, a hub id, a local folder, a .gguf
-    file, or an already built `HFCausalLM`. `draft_dtype`, `draft_linear_backend`: the draft's, where they differ
-    from the target's (`draft_linear_backend` None: `verispec.models.fastpath.draft_backend_for(linear_backend)`).
+    `target`: a `ModelSpec` (the whole choice of models), or the target model as `ModelSpec.target` takes it
+    (None or "default" for the embedded Qwen2.5-Coder pair, a hub id, a local folder, a .gguf file, or an already
+    built `HFCausalLM`); `draft` likewise; `settings`: ModelSpec's other fields by name (dtype, device, ...), over
+    the spec's when `target` is one. An unknown name is a ConfigError listing the valid ones.
     """
 
     def __init__(
         self,
-        target: str | HFCausalLM | None = None,
+        target: ModelSpec | str | HFCausalLM | None = None,
         draft: str | HFCausalLM | None = None,
-        dtype: str | torch.dtype = "float32",
-        device: str = "cpu",
-        verifier: str | Any = None,
-        linear_backend: str = DEFAULT_LINEAR_BACKEND,
-        draft_dtype: str | torch.dtype | None = None,
-        draft_linear_backend: str | None = None,
+        **settings: Any,
     ) -> None:
-        parse_dtype(dtype)  # fail on a bad dtype now, not after minutes of loading
-        if draft_dtype is not None:
-            parse_dtype(draft_dtype)
-        check_linear_backend(linear_backend)
-        if draft_linear_backend is not None:
-            check_linear_backend(draft_linear_backend)
-        # Everything that can be checked without loading a model is checked now, not after minutes of loading.
-        for spec in (target, draft):
-            if isinstance(spec, str) and spec != DEFAULT:
-                check_model_spec(spec)
-        if isinstance(verifier, (str, Path)):
+        if isinstance(target, ModelSpec):
+            models = target.with_settings(**settings, **({} if draft is None else {"draft": draft}))
+        else:
+            models = ModelSpec().with_settings(target=target, draft=draft, **settings)
+        if isinstance(models.verifier, (str, Path)):
             from verispec.learned import LearnedVerifier
 
-            LearnedVerifier.load(verifier)  # the file itself; whether it fits the draft is checked once it loads
-        self.dtype, self.device, self.linear_backend = dtype, device, linear_backend
-        # The draft may run in a cheaper dtype: every lossless method keeps the target's law whatever q is.
-        self.draft_dtype = draft_dtype if draft_dtype is not None else dtype
-        # Its linears may run another backend for the same reason (an int4 target: 4-bit draft weights throughout).
-        self.draft_linear_backend = draft_linear_backend or draft_backend_for(linear_backend)
-        self._verifier_spec = verifier  # a LearnedVerifier file path (loaded on first use) or object
+            LearnedVerifier.load(models.verifier)  # the file itself; whether it fits the draft is checked once loaded
+        self.models = models
+        self._verifier_spec = models.verifier  # a LearnedVerifier file path (loaded on first use) or object
         self._verifier_file: str | None = None  # the file it came from, once loaded
-        self._specs = {"target": target, "draft": draft}
         self._models: dict[str, HFCausalLM] = {
-            role: spec for role, spec in self._specs.items() if isinstance(spec, HFCausalLM)
+            role: model for role in ROLES if isinstance(model := getattr(models, role), HFCausalLM)
         }
         self._reduced_drafts: dict[int, HFCausalLM] = {}  # draft_vocab N -> the draft with a head of N tokens
         if len(self._models) == 2:
@@ -102,10 +84,7 @@ class Decoder:
     def model(self, role: str) -> HFCausalLM:
         """Return the loaded model for `role` ("target" or "draft"), loading it on first use."""
         if role not in self._models:
-            spec = self._specs[role]
-            dtype = self.draft_dtype if role == "draft" else self.dtype
-            backend = self.draft_linear_backend if role == "draft" else self.linear_backend
-            self._models[role] = load_model(spec, role, dtype=dtype, device=self.device, linear_backend=backend)
+            self._models[role] = self.models.load(role)
             other = "draft" if role == "target" else "target"
             if other in self._models:
                 check_compatible(self._models["target"], self._models["draft"])
@@ -138,15 +117,11 @@ class Decoder:
         """Return the draft model with its output layer sliced to N = `n` tokens (`verispec.drafters.vocab`), loaded
         on first use: a copy of its own, since the slicing happens before the weights are packed."""
         if n not in self._reduced_drafts:
-            spec = self._specs["draft"]
-            if isinstance(spec, HFCausalLM):
-                if spec.draft_vocab != n:
-                    raise ConfigError(f"draft_vocab={n} needs the draft given by name or folder (its head is sliced "
-                                      f"at load), or an HFCausalLM built with vocab_ids of {n} tokens")
-                model = spec
-            else:
-                model = load_model(spec, "draft", dtype=self.draft_dtype, device=self.device,
-                                   linear_backend=self.draft_linear_backend, draft_vocab=n)
+            spec = self.models.draft
+            if isinstance(spec, HFCausalLM) and spec.draft_vocab != n:
+                raise ConfigError(f"draft_vocab={n} needs the draft given by name or folder (its head is sliced "
+                                  f"at load), or an HFCausalLM built with vocab_ids of {n} tokens", field="draft_vocab")
+            model = self.models.load("draft", draft_vocab=n)
             if "target" in self._models:
                 check_compatible(self._models["target"], model)
             self._reduced_drafts[n] = model
@@ -265,33 +240,26 @@ def resolve_config(config: DecodeConfig | None, settings: Mapping[str, Any]) -> 
     return (config or DecodeConfig()).with_settings(**settings)
 
 
-_DECODERS: dict[tuple, Decoder] = {}
+_DECODERS: dict[ModelSpec, Decoder] = {}
 
 
 def generate(
     prompt: str,
     config: DecodeConfig | None = None,
     *,
-    target: str | None = None,
-    draft: str | None = None,
-    dtype: str = "float32",
-    device: str = "cpu",
-    verifier: str | None = None,
-    linear_backend: str = DEFAULT_LINEAR_BACKEND,
-    draft_dtype: str | None = None,
-    draft_linear_backend: str | None = None,
+    models: ModelSpec | None = None,
     chat_template: bool = True,
     **settings: Any,
 ) -> Generation:
-    """Decode `prompt` with `config` changed by `settings` (as `Decoder.generate`) on the given (default: embedded)
-    pair; return a `Generation`. The other arguments choose and load the models (as `Decoder`'s).
+    """Decode `prompt` with `config` changed by `settings` (as `Decoder.generate`) on the pair `models` (default: the
+    embedded pair) changed by the `settings` named as ModelSpec's fields (target, draft, dtype, device, ...); return
+    a `Generation`.
 
-    Models stay loaded between calls with the same target, draft, dtype and device.
+    Models stay loaded between calls with the same models and settings.
     """
+    model_settings = {name: settings.pop(name) for name in MODEL_SETTINGS if name in settings}
     config = resolve_config(config, settings)  # a bad setting fails before minutes of loading
-    key = (target, draft, dtype, device, verifier, linear_backend, draft_dtype, draft_linear_backend)
-    if key not in _DECODERS:
-        _DECODERS[key] = Decoder(target, draft, dtype=dtype, device=device, verifier=verifier,
-                                 linear_backend=linear_backend, draft_dtype=draft_dtype,
-                                 draft_linear_backend=draft_linear_backend)
-    return _DECODERS[key].generate(prompt, config, chat_template=chat_template)
+    spec = (models or ModelSpec()).with_settings(**model_settings)
+    if spec not in _DECODERS:
+        _DECODERS[spec] = Decoder(spec)
+    return _DECODERS[spec].generate(prompt, config, chat_template=chat_template)

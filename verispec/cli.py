@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from verispec.errors import VerispecError
-from verispec.options import add_decode_options, add_model_options, add_processor_options, decode_config
+from verispec.options import add_decode_options, add_model_options, add_processor_options, decode_config, model_spec
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -24,10 +24,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt = args.prompt
     check_prompt(prompt)  # before minutes of loading
     config = decode_config(args)
-    decoder = Decoder(
-        args.target, args.draft, dtype=args.dtype, verifier=args.verifier, linear_backend=args.linear_backend,
-        draft_dtype=args.draft_dtype, draft_linear_backend=args.draft_linear_backend,
-    )
+    decoder = Decoder(model_spec(args))
     gen = decoder.generate(prompt, config, chat_template=not args.no_chat_template)
     if args.json:
         print(json.dumps(gen.to_dict() | {"linear_kernels": decoder.linear_kernels()}, indent=2))
@@ -111,9 +108,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     config = CompareConfig(
         methods=args.methods, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        max_new_tokens=args.max_new_tokens, seed=args.seed, target=args.target, draft=args.draft, dtype=args.dtype,
-        draft_dtype=args.draft_dtype, linear_backend=args.linear_backend,
-        draft_linear_backend=args.draft_linear_backend,
+        max_new_tokens=args.max_new_tokens, seed=args.seed, models=model_spec(args),
     )
     if args.prompts:
         from verispec.bench.datasets import read_source
@@ -135,15 +130,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def load_pair(args: argparse.Namespace):  # noqa: ANN201 (a Decoder: imported lazily)
-    """Return the Decoder the model options of `args` describe with both models loaded, and the seconds loading
-    took (apart from any timed decode)."""
+    """Return the Decoder the model options of `args` (`add_model_options`) describe with both models loaded, and
+    the seconds loading took (apart from any timed decode)."""
     import time
 
     from verispec.api import Decoder
 
     start = time.perf_counter()
-    decoder = Decoder(args.target, args.draft, dtype=args.dtype, linear_backend=args.linear_backend,
-                      draft_dtype=args.draft_dtype, draft_linear_backend=args.draft_linear_backend)
+    decoder = Decoder(model_spec(args))
     decoder.model("target")
     decoder.model("draft")
     decoder.build_prompt_copies()

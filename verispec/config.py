@@ -86,7 +86,7 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         method = get_method(self.method)
         if not isinstance(self.gamma, int) or isinstance(self.gamma, bool) or self.gamma < 1:
-            raise ConfigError(f"gamma (draft length) must be an integer >= 1, got {self.gamma!r}")
+            raise ConfigError(f"gamma (draft length) must be an integer >= 1, got {self.gamma!r}", field="gamma")
         if self.paths is None:
             object.__setattr__(self, "paths", MULTIPATH_PATHS if method.multipath else 1)  # frozen: set once here
         if self.drafter is None:
@@ -94,26 +94,30 @@ class DecodeConfig:
         if self.adaptive_gamma is None:
             object.__setattr__(self, "adaptive_gamma", default_adaptive_gamma(method))
         if not isinstance(self.paths, int) or isinstance(self.paths, bool) or self.paths < 1:
-            raise ConfigError(f"paths (K) must be an integer >= 1, got {self.paths!r}")
+            raise ConfigError(f"paths (K) must be an integer >= 1, got {self.paths!r}", field="paths")
         if self.paths > 1 and not method.multipath:
-            raise ConfigError(f"method {self.method!r} verifies a single path; paths must be 1, got {self.paths}")
+            raise ConfigError(f"method {self.method!r} verifies a single path; paths must be 1, got {self.paths}",
+                              field="paths")
         if self.paths == 1 and method.multipath:
             # One path would silently run a single-path rule at the multi-path rule's cost (tree bookkeeping).
             hint = "with one path it is block verification: use --method bv" if self.method == "gbv" else (
                 "for a single path use sd or bv")
-            raise ConfigError(f"method {self.method!r} needs paths >= 2 ({hint})")
+            raise ConfigError(f"method {self.method!r} needs paths >= 2 ({hint})", field="paths")
         if not isinstance(self.cap, int) or isinstance(self.cap, bool) or self.cap < 1:
-            raise ConfigError(f"cap (the longest SPRINTER draft run) must be an integer >= 1, got {self.cap!r}")
+            raise ConfigError(f"cap (the longest SPRINTER draft run) must be an integer >= 1, got {self.cap!r}",
+                              field="cap")
         if self.tau is not None and not (isinstance(self.tau, (int, float)) and 0.0 <= self.tau <= 1.0):
-            raise ConfigError(f"tau (the verifier threshold) must be in [0, 1], got {self.tau!r}")
+            raise ConfigError(f"tau (the verifier threshold) must be in [0, 1], got {self.tau!r}", field="tau")
         self.relaxed_knobs()  # validates the lossy rules' knobs
         if self.method == "fly" and self.fly_window >= self.gamma:
             raise ConfigError(f"fly_window (W) must be < gamma ({self.gamma}): a deferred rejection is confirmed by "
-                              f"the W draft tokens after it, got {self.fly_window}")
+                              f"the W draft tokens after it, got {self.fly_window}", field="fly_window")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}",
+                              field="max_new_tokens")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
-            raise ConfigError(f"seed must be an integer in [0, 2**64 - 1] (0 to {MAX_SEED}), got {self.seed!r}")
+            raise ConfigError(f"seed must be an integer in [0, 2**64 - 1] (0 to {MAX_SEED}), got {self.seed!r}",
+                              field="seed")
         check_drafter_settings(self, method)
         check_draft_confidence(self, method)
         check_adaptive_gamma(self, method)

@@ -112,5 +112,5 @@ METHODS: dict[str, Method] = {
 def get_method(name: str) -> Method:
     """Return the registered method called `name`, or raise ConfigError listing the known ones."""
     if name not in METHODS:
-        raise ConfigError(f"unknown method {name!r}; choose one of: {', '.join(METHODS)}")
+        raise ConfigError(f"unknown method {name!r}; choose one of: {', '.join(METHODS)}", field="method")
     return METHODS[name]

@@ -1,33 +1,59 @@
-"""Command-line options shared by the subcommands that load a model pair and decode (generate, serve, ...)."""
+"""Command-line options shared by the subcommands that load a model pair and decode (generate, serve, bench, ...):
+ModelSpec's (`add_model_options`) and DecodeConfig's (`add_decode_options`), their defaults read from those types."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import dataclasses
+from typing import Any, TypeVar
 
 from verispec.config import MULTIPATH_PATHS, SETTINGS, DecodeConfig
 from verispec.models.fastpath import LINEAR_BACKENDS
-from verispec.models.loading import DEFAULT_LINEAR_BACKEND
+from verispec.models.spec import MODEL_SETTINGS, ModelSpec
 from verispec.sampling import SamplingConfig
 
+T = TypeVar("T")
 
-def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """Add the options that choose and load the models (--target, --draft, dtypes, linear backend)."""
-    parser.add_argument("--target", default=None, help="target model: hub id, folder or .gguf file (default: embedded)")
-    parser.add_argument("--draft", default=None, help="draft model: hub id, folder or .gguf file (default: embedded)")
-    parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | float64 (default: float32)")
-    parser.add_argument("--draft-dtype", default=None,
+
+def add_model_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, verifier: bool = True) -> None:
+    """Add ModelSpec's options, which choose and load the models (--target, --draft, dtypes, --device, linear
+    backends and, with `verifier`, SPRINTER's --verifier); their defaults are read from ModelSpec."""
+    d = ModelSpec()
+    parser.add_argument("--target", default=d.target,
+                        help="target model: hub id, folder, .gguf file or llamacpp:FILE.gguf (default: embedded)")
+    parser.add_argument("--draft", default=d.draft,
+                        help="draft model: hub id, folder, .gguf file or llamacpp:FILE.gguf (default: embedded)")
+    parser.add_argument("--dtype", default=d.dtype,
+                        help="float32 | bfloat16 | float16 | float64 (default: %(default)s)")
+    parser.add_argument("--draft-dtype", default=d.draft_dtype,
                         help="the draft model's dtype, when it differs from --dtype (e.g. bfloat16: a cheaper draft; "
                              "lossless methods keep the target's law)")
-    parser.add_argument("--linear-backend", default=DEFAULT_LINEAR_BACKEND, choices=LINEAR_BACKENDS,
-                        help=f"CPU linear layers: int8 weights with per-token int8 activations (fbgemm); int4: the "
-                             f"layers of a 4-bit GGUF kept in 4 bits (verispec's kernel, built once), the rest int8; "
-                             f"oneDNN with packed float weights; or transformers' own "
-                             f"(default: {DEFAULT_LINEAR_BACKEND}); int4-rounded: every layer in 4 bits, those on "
-                             f"no 4-bit grid rounded (an approximation)")
-    parser.add_argument("--draft-linear-backend", default=None, choices=LINEAR_BACKENDS,
+    parser.add_argument("--device", default=d.device,
+                        help="torch device of both models: cpu, cuda, cuda:1, mps, ... (default: %(default)s)")
+    parser.add_argument("--linear-backend", default=d.linear_backend, choices=LINEAR_BACKENDS,
+                        help="CPU linear layers: int8 weights with per-token int8 activations (fbgemm); int4: the "
+                             "layers of a 4-bit GGUF kept in 4 bits (verispec's kernel, built once), the rest int8; "
+                             "oneDNN with packed float weights; or transformers' own (default: %(default)s: "
+                             "verispec.models.fastpath.resolve_linear_backend); int4-rounded: every layer in 4 bits, "
+                             "those on no 4-bit grid rounded (an approximation)")
+    parser.add_argument("--draft-linear-backend", default=d.draft_linear_backend, choices=LINEAR_BACKENDS,
                         help="the draft's linear backend, when it differs (default: --linear-backend's, except "
                              "int4-rounded for an int4 target; lossless methods keep the target's law)")
+    if verifier:
+        parser.add_argument("--verifier", default=d.verifier,
+                            help="SPRINTER: the learned verifier file (default: the one shipped for the draft)")
+
+
+def model_spec(args: argparse.Namespace) -> ModelSpec:
+    """Return the ModelSpec the options of `add_model_options` describe."""
+    return ModelSpec(**{name: getattr(args, name) for name in MODEL_SETTINGS if hasattr(args, name)})
+
+
+def config_from_args(cls: type[T], args: argparse.Namespace) -> T:
+    """Return the dataclass `cls` (a command's config with a ModelSpec field `models`) filled from `args`: each field
+    from the option of its name, `models` from the model options (`model_spec`)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name != "models"}
+    return cls(**given, models=model_spec(args))
 
 
 def add_decode_options(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +73,6 @@ def add_decode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--paths", type=int, default=DecodeConfig.paths,
                         help=f"K >= 2 draft paths of the multi-path methods (default: {MULTIPATH_PATHS} for those, "
                              f"1 for the others)")
-    parser.add_argument("--verifier", default=None, help="SPRINTER: the learned verifier file")
     parser.add_argument("--tau", type=float, default=DecodeConfig.tau, help="SPRINTER: verifier threshold")
     parser.add_argument("--cap", type=int, default=DecodeConfig.cap, help="SPRINTER: longest draft run")
     from verispec.drafters import DRAFTERS

@@ -40,7 +40,8 @@ def check_logit_bias(value: Any) -> dict[int, float] | None:
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        raise ConfigError(f"logit_bias must map token ids to biases in [-100, 100], got {value!r}")
+        raise ConfigError(f"logit_bias must map token ids to biases in [-100, 100], got {value!r}",
+                          field="logit_bias")
     bias: dict[int, float] = {}
     for key, amount in value.items():
         token = key
@@ -49,11 +50,12 @@ def check_logit_bias(value: Any) -> dict[int, float] | None:
         elif isinstance(key, numbers.Integral) and not isinstance(key, bool):  # numpy and torch integers too
             token = int(key)
         if not isinstance(token, int) or isinstance(token, bool) or token < 0:
-            raise ConfigError(f"logit_bias: token ids must be integers >= 0, got {key!r}")
+            raise ConfigError(f"logit_bias: token ids must be integers >= 0, got {key!r}", field="logit_bias")
         if not _number(amount) or not -MAX_LOGIT_BIAS <= amount <= MAX_LOGIT_BIAS:
-            raise ConfigError(f"logit_bias: the bias of token {token} must be a number in [-100, 100], got {amount!r}")
+            raise ConfigError(f"logit_bias: the bias of token {token} must be a number in [-100, 100], got {amount!r}",
+                              field="logit_bias")
         if token in bias:
-            raise ConfigError(f"logit_bias: token {token} is given twice")
+            raise ConfigError(f"logit_bias: token {token} is given twice", field="logit_bias")
         bias[token] = float(amount)
     return dict(sorted(bias.items())) or None
 
@@ -61,7 +63,7 @@ def check_logit_bias(value: Any) -> dict[int, float] | None:
 def check_penalty(name: str, value: Any) -> None:
     """Raise ConfigError unless `value` (the setting `name`) is a number in [−2, 2]."""
     if not _number(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
-        raise ConfigError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
+        raise ConfigError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}", field=name)
 
 
 def check_logprobs(value: Any) -> None:
@@ -69,7 +71,7 @@ def check_logprobs(value: Any) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                               or not 0 <= value <= MAX_TOP_LOGPROBS):
         raise ConfigError(f"logprobs (the alternatives reported per token) must be an integer in [0, "
-                          f"{MAX_TOP_LOGPROBS}], or None for no log-probabilities, got {value!r}")
+                          f"{MAX_TOP_LOGPROBS}], or None for no log-probabilities, got {value!r}", field="logprobs")
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,8 @@ class LogitProcessors:
         """Raise ConfigError when a biased token id is outside a vocabulary of `vocab_size` tokens."""
         outside = [token for token in self.logit_bias if token >= vocab_size]
         if outside:
-            raise ConfigError(f"logit_bias: token id {outside[0]} is outside the vocabulary ({vocab_size} tokens)")
+            raise ConfigError(f"logit_bias: token id {outside[0]} is outside the vocabulary ({vocab_size} tokens)",
+                              field="logit_bias")
 
     def at(self, counts: Mapping[int, int]) -> RoundProcessors:
         """Return the processors of a round whose committed output holds token t `counts[t]` times."""

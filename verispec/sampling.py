@@ -33,13 +33,14 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
-            raise ConfigError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+            raise ConfigError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}",
+                              field="temperature")
         if math.isinf(self.temperature):
-            raise ConfigError("temperature must be finite")
+            raise ConfigError("temperature must be finite", field="temperature")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
-            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+            raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}", field="top_k")
         if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}", field="top_p")
 
     @property
     def greedy(self) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from verispec.bench.metrics import summarize
@@ -14,7 +13,7 @@ MACHINE = {"platform": "TestOS", "processor": "x86_64", "cpu_threads": 2, "torch
 def results_dict(config: BenchConfig, records: list[dict[str, Any]], resamples: int) -> dict[str, Any]:
     """Return the results of `records` run under `config`, aggregated against `ar` with `resamples` resamples."""
     return {
-        "schema": "verispec.bench/1", "config": asdict(config), "started": "2026-01-01T00:00:00",
+        "schema": "verispec.bench/1", "config": config.to_dict(), "started": "2026-01-01T00:00:00",
         "machine": dict(MACHINE), "git_commit": "0123456789abcdef", "git_dirty": False,
         "aggregate": summarize(records, config.methods, "ar", config.gamma, resamples, 0), "records": records,
     }

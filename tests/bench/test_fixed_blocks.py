@@ -4,7 +4,6 @@ own continuation; rows checked against an independent computation on exact tabul
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
 
 import pytest
 import torch
@@ -24,7 +23,9 @@ from verispec.cli import build_parser, main
 from verispec.drafting import draft_paths
 from verispec.errors import ConfigError
 from verispec.methods import get_method
+from verispec.models.spec import flat_dict
 from verispec.models.tabular import TabularLM
+from verispec.options import config_from_args
 from verispec.verify import block_verify_law, gbv_verify_law
 
 PROMPTS = [Prompt("a", "def add(a, b):", "code"), Prompt("b", "hello there", "chat")]
@@ -117,7 +118,7 @@ def tiny_results(tiny_pair, tmp_path_factory, one_thread):
 def test_on_tiny_models_every_context_gets_every_configuration(tiny_results):
     config, results, out = tiny_results
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
-    assert results["schema"] == SCHEMA and results["config"] == asdict(config)
+    assert results["schema"] == SCHEMA and results["config"] == flat_dict(config)
     contexts = results["contexts"]
     assert 1 <= len(contexts) <= 4 and {c["prompt_id"] for c in contexts} <= {"a", "b"}
     assert len(results["rows"]) == len(contexts) * len(config.labels())
@@ -150,10 +151,10 @@ def test_greedy_every_lossless_verifier_accepts_the_same(tiny_pair, one_thread):
 
 def test_cli_defaults_are_the_configs_and_bad_input_is_one_line(capsys):
     args = build_parser().parse_args(["fixed-blocks"])
-    assert {f.name: getattr(args, f.name) for f in fields(FixedBlocksConfig)} == asdict(FixedBlocksConfig())
+    assert config_from_args(FixedBlocksConfig, args) == FixedBlocksConfig()
     args = build_parser().parse_args(["fixed-blocks", "--methods", "bv", "gbv", "sd", "--gammas", "2", "4",
                                       "--paths", "2", "3", "--draws", "6", "--temperature", "0.6"])
-    config = FixedBlocksConfig(**{f.name: getattr(args, f.name) for f in fields(FixedBlocksConfig)})
+    config = config_from_args(FixedBlocksConfig, args)
     assert config.temperature == 0.6 and config.draws == 6
     assert [label for label, *_ in config.labels()] == [  # single-path methods once per γ, GBV per (K, γ)
         "bv:gamma=2", "gbv:paths=2,gamma=2", "gbv:paths=3,gamma=2", "sd:gamma=2",

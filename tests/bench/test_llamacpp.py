@@ -33,6 +33,7 @@ from verispec.bench.report import render_markdown
 from verispec.bench.runner import BenchConfig, run_bench
 from verispec.config import DecodeConfig
 from verispec.errors import ConfigError
+from verispec.models.spec import ModelSpec
 from verispec.native import llamacpp_build
 from verispec.sampling import SamplingConfig
 
@@ -154,7 +155,7 @@ def test_missing_binary_refuses_before_loading_any_model(cache, gguf, monkeypatc
         raise AssertionError("a model was loaded before the check")
 
     monkeypatch.setattr("verispec.bench.runner.Decoder", no_loading)
-    config = BenchConfig(methods=["ar", "llamacpp-generate"], target=str(gguf), warmup_tokens=0)
+    config = BenchConfig(methods=["ar", "llamacpp-generate"], models=ModelSpec(target=str(gguf)), warmup_tokens=0)
     with pytest.raises(ConfigError, match="make peers"):
         run_bench(config, out_path=None, prompts=[Prompt("p0", "def f():")], progress=False)
 
@@ -303,7 +304,7 @@ PROMPTS = [Prompt("p0", "def add(a, b):"), Prompt("p1", "print(1)")]
 def test_bench_runs_the_llamacpp_peers_interleaved(cache, gguf, tiny_pair, one_thread):
     binary = _install_binary(STAND_IN)
     decoder = Decoder(tiny_pair["target"], tiny_pair["partial"])
-    config = BenchConfig(target=str(gguf), draft=str(gguf), **BENCH)
+    config = BenchConfig(models=ModelSpec(target=str(gguf), draft=str(gguf)), **BENCH)
     prompts = PROMPTS
     result = run_bench(config, out_path=None, decoder=decoder, prompts=prompts, progress=False)
     assert len((binary.parent / "pids").read_text().split()) == 2 and not _running(binary.parent / "pids")
@@ -328,8 +329,8 @@ def test_bench_runs_the_llamacpp_peers_interleaved(cache, gguf, tiny_pair, one_t
 def test_bench_runs_each_peer_on_the_build_its_label_names(cache, gguf, tiny_pair, one_thread):
     binaries = {isa: _install_binary(STAND_IN, isa) for isa in ("native", "avx2")}
     methods = ["llamacpp-generate", "llamacpp-generate:isa=avx2", "llamacpp-speculative:isa=avx2,gamma=2"]
-    config = BenchConfig(target=str(gguf), draft=str(gguf), methods=methods, max_new_tokens=4, warmup_tokens=0,
-                         bootstrap_resamples=10)
+    config = BenchConfig(models=ModelSpec(target=str(gguf), draft=str(gguf)), methods=methods, max_new_tokens=4,
+                         warmup_tokens=0, bootstrap_resamples=10)
     result = run_bench(config, out_path=None, decoder=Decoder(tiny_pair["target"], tiny_pair["partial"]),
                        prompts=PROMPTS[:1], progress=False)
     records = {r["method"]: r for r in result["records"]}
@@ -347,8 +348,8 @@ def test_a_bench_with_an_unbuilt_isa_refuses_before_loading_any_model(cache, ggu
         raise AssertionError("a model was loaded before the check")
 
     monkeypatch.setattr("verispec.bench.runner.Decoder", no_loading)
-    config = BenchConfig(methods=["llamacpp-generate", "llamacpp-generate:isa=avx2"], target=str(gguf),
-                         warmup_tokens=0)
+    config = BenchConfig(methods=["llamacpp-generate", "llamacpp-generate:isa=avx2"],
+                         models=ModelSpec(target=str(gguf)), warmup_tokens=0)
     with pytest.raises(ConfigError, match=r"make peers ISA=avx2"):
         run_bench(config, out_path=None, prompts=[Prompt("p0", "def f():")], progress=False)
 
@@ -360,7 +361,7 @@ def test_servers_stop_when_the_run_is_interrupted(cache, gguf, tiny_pair, one_th
         raise KeyboardInterrupt
 
     monkeypatch.setattr("verispec.bench.runner.add_flops", interrupt)  # after the first prompt's decodes
-    config = BenchConfig(target=str(gguf), draft=str(gguf), **BENCH)
+    config = BenchConfig(models=ModelSpec(target=str(gguf), draft=str(gguf)), **BENCH)
     with pytest.raises(KeyboardInterrupt):
         run_bench(config, out_path=None, decoder=Decoder(tiny_pair["target"], tiny_pair["partial"]),
                   prompts=PROMPTS, progress=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 import pytest
 
@@ -65,7 +64,7 @@ def test_report_splits_the_prompt_round_from_the_decode_rounds(results_file):
 def test_report_shows_the_speedup_over_the_compare_to_method(results_file, tmp_path):
     _, results = results_file
     config = BenchConfig(methods=["ar", "sd"], gamma=4, compare_to="sd")
-    results["config"] = asdict(config)
+    results["config"] = config.to_dict()
     results["aggregate"] = summarize(results["records"], config.methods, "ar", 4, 500, 0, compare_to="sd")
     path = tmp_path / "versus.json"
     path.write_text(json.dumps(results))
@@ -80,7 +79,7 @@ def test_report_shows_the_speedup_over_the_compare_to_method(results_file, tmp_p
 
 def test_report_gives_block_efficiency_and_wall_time_with_intervals(results_file, tmp_path):
     _, results = results_file
-    results["config"] = asdict(BenchConfig(methods=["ar", "sd"], gamma=4, compare_to="ar"))
+    results["config"] = BenchConfig(methods=["ar", "sd"], gamma=4, compare_to="ar").to_dict()
     path = tmp_path / "efficiency.json"
     path.write_text(json.dumps(results))
     markdown, _, _ = write_report(path)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
+from dataclasses import replace
 
 import pytest
 
@@ -14,6 +14,7 @@ from verispec.bench.datasets import Prompt
 from verispec.bench.runner import SCHEMA, BenchConfig, run_bench
 from verispec.cli import build_parser, main
 from verispec.errors import ConfigError
+from verispec.options import config_from_args
 
 PROMPTS = [Prompt("a", "def add(a, b):", "code"), Prompt("b", "hello there", "chat"), Prompt("c", "one two three")]
 SD = "sd:adaptive_gamma=false"  # a fixed γ, as hf-assisted drafts: the same rounds at T = 0
@@ -60,7 +61,7 @@ def test_results_json_schema(calls_and_result):
                             "wall_seconds", "runs", "aggregate", "records"}
     assert len(on_disk["runs"]) == 1 and on_disk["runs"][0]["prompts"] == [0, 1, 2]
     assert {r["run"] for r in on_disk["records"]} == {0}
-    assert on_disk["schema"] == SCHEMA and on_disk["config"] == asdict(config)
+    assert on_disk["schema"] == SCHEMA and on_disk["config"] == config.to_dict()
     assert {"platform", "processor", "cpu_threads", "torch", "transformers"} <= set(on_disk["machine"])
     assert {"python", "verispec", "torch", "transformers"} <= set(on_disk["versions"])
     record = on_disk["records"][1]
@@ -113,7 +114,7 @@ def test_baseline_defaults_to_ar_else_first():
 
 def test_cli_bench_defaults_come_from_the_dataclass_and_options_reach_the_run(tmp_path, monkeypatch, capsys):
     args = build_parser().parse_args(["bench"])
-    assert BenchConfig(**{f.name: getattr(args, f.name) for f in fields(BenchConfig)}) == BenchConfig()
+    assert config_from_args(BenchConfig, args) == BenchConfig()
     benched = []
     monkeypatch.setattr("verispec.bench.runner.run_bench",
                         lambda config, out, **kw: benched.append((config, out)) or {"records": [], "aggregate": []})
@@ -187,7 +188,7 @@ def test_resume_runs_only_the_missing_prompts_and_keeps_the_rest(decoder, tmp_pa
     config = BenchConfig(methods=["ar", "sd"], max_new_tokens=6, warmup_tokens=1, bootstrap_resamples=50, limit=2)
     first, calls = _logged_run(decoder, config, out, PROMPTS[:2], resume=True)  # no file yet: a fresh run
     assert calls == [(m, p) for p in "ab" for m in ("ar", "sd")]
-    grown = BenchConfig(**{**asdict(config), "limit": 3})  # the limit may grow on resume
+    grown = replace(config, limit=3)  # the limit may grow on resume
     second, calls = _logged_run(decoder, grown, out, PROMPTS, resume=True)
     assert calls == [("ar", "c"), ("sd", "c")]
     assert second["records"][:4] == first["records"]
@@ -223,7 +224,7 @@ def test_resume_refuses_other_settings(decoder, tmp_path, change, message):
     config = BenchConfig(methods=["ar", "sd"], max_new_tokens=5, warmup_tokens=0, bootstrap_resamples=50)
     run_bench(config, out, decoder=decoder, prompts=PROMPTS[:2], progress=False)
     with pytest.raises(ConfigError, match=message):
-        run_bench(BenchConfig(**{**asdict(config), **change}), out, decoder=decoder, prompts=PROMPTS[:2],
+        run_bench(replace(config, **change), out, decoder=decoder, prompts=PROMPTS[:2],
                   progress=False, resume=True)
 
 

@@ -73,13 +73,12 @@ def test_a_results_file_that_predates_a_setting_resumes_as_its_default(tmp_path)
     """A file written before `stop_at_function_end` existed ran without it: resuming with the default is allowed,
     with the setting on it is refused."""
     import json
-    from dataclasses import asdict
 
     from verispec.bench.datasets import Prompt
     from verispec.bench.runner import SCHEMA, BenchConfig, load_resumable
 
     config = BenchConfig(methods=["ar"])
-    saved = asdict(config)
+    saved = config.to_dict()
     del saved["stop_at_function_end"]
     path = tmp_path / "old.json"
     path.write_text(json.dumps({"schema": SCHEMA, "config": saved, "records": [], "runs": []}))

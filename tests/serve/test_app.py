@@ -158,6 +158,29 @@ def test_bad_requests_get_openai_errors(server, body, status, param, words):
     assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
 
 
+@pytest.mark.parametrize("fields, given, param", [
+    ("top_p", {}, "top_p"),
+    ("max_new_tokens", {}, "max_tokens"),
+    ("gamma", {}, "verispec.gamma"),
+    (("ngram_min", "ngram_max"), {"ngram_max": 2}, "verispec.ngram_max"),  # the one of the two the request gave
+    (("ngram_min", "ngram_max"), {"ngram_min": 4, "ngram_max": 2}, "verispec.ngram_min"),
+    ("dtype", {}, None),  # a setting of the server's, no request field
+    (None, {}, None),
+])
+def test_a_config_errors_fields_become_the_param_whatever_its_message_says(server, monkeypatch, fields, given, param):
+    from verispec.errors import ConfigError
+    from verispec.serve import schemas
+
+    def refuse(defaults, requested):
+        raise ConfigError("a message that names no setting", field=fields)
+
+    monkeypatch.setattr(schemas, "_decode_config", refuse)
+    body = GOOD | ({"verispec": given} if given else {})
+    status, _, answer = request(server, "POST", "/v1/chat/completions", body)
+    assert status == 400 and answer["error"]["param"] == param, answer
+    assert answer["error"]["message"] == "a message that names no setting"
+
+
 def test_completion_prompt_errors(server):
     good = {"model": "tiny", "prompt": "hi", "max_tokens": 4}
     assert request(server, "POST", "/v1/completions", good)[0] == 200

@@ -36,13 +36,14 @@ def test_vllm_peers_write_ar_tokens_at_t0(tiny_folder, monkeypatch, tmp_path):
 
     from verispec.bench.datasets import Prompt
     from verispec.bench.runner import BenchConfig, run_bench
+    from verispec.models.spec import ModelSpec
 
     monkeypatch.setenv("VERISPEC_VLLM_PYTHON", sys.executable)
     prompts = [Prompt(id=f"p{i}", text=text, category="test") for i, text in
                enumerate(["abcabcabcabc", "the cat the cat the cat", "hello world, hello world"])]
-    config = BenchConfig(methods=["ar", "vllm-generate", "vllm-speculative:method=ngram"], target=str(tiny_folder),
-                         draft=str(tiny_folder), max_new_tokens=12, gamma=3, chat_template=False, warmup_tokens=2,
-                         linear_backend="torch", dtype="float32")
+    models = ModelSpec(target=str(tiny_folder), draft=str(tiny_folder), linear_backend="torch")
+    config = BenchConfig(methods=["ar", "vllm-generate", "vllm-speculative:method=ngram"], models=models,
+                         max_new_tokens=12, gamma=3, chat_template=False, warmup_tokens=2)
     results = run_bench(config, tmp_path / "results.json", prompts=prompts, progress=False)
     by_method: dict[str, list] = {}
     for record in results["records"]:

@@ -7,10 +7,10 @@ They parse into `BenchConfig` (whose defaults they read, never restate) and call
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
 from typing import Any
 
 from verispec.models.fastpath import LINEAR_BACKENDS
+from verispec.options import add_model_options, config_from_args
 
 
 def optional_int(text: str) -> int | None:
@@ -29,7 +29,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from verispec.bench.pareto import sweep_methods
 
         args.methods = sweep_methods(args.sweep)
-    config = BenchConfig(**{f.name: getattr(args, f.name) for f in fields(BenchConfig)})
+    config = config_from_args(BenchConfig, args)
     # Measured results are hours of work: replacing them must be asked for.
     check_new_output(args.out, "the results file", args.resume or args.force)
     if args.archive is not None:
@@ -41,7 +41,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt(_interrupted_message(args.out)) from None
     n = len({r["prompt_index"] for r in result["records"]})
     print(f"\n{n} prompts from {config.prompts}, up to {config.max_new_tokens} new tokens, gamma={config.gamma}, "
-          f"temperature={config.temperature}, {config.dtype} on {config.device}; baseline {config.baseline_method}")
+          f"temperature={config.temperature}, {config.models.dtype} on {config.models.device}; "
+          f"baseline {config.baseline_method}")
     print(format_table(result["aggregate"], FULL_COLUMNS))
     if config.quality:
         from verispec.bench.report import QUALITY_COLUMNS
@@ -163,28 +164,13 @@ def add_bootstrap_options(g: argparse._ArgumentGroup, d: Any) -> None:
     g.add_argument("--bootstrap-seed", type=int, default=d.bootstrap_seed, help="(default: %(default)s)")
 
 
-def _add_model_options(g: argparse._ArgumentGroup, d: Any) -> None:
-    """Add the model options, defaults read from the config `d`."""
-    g.add_argument("--target", default=d.target, help="hub id, folder or .gguf file (default: embedded)")
-    g.add_argument("--draft", default=d.draft, help="hub id, folder or .gguf file (default: embedded)")
-    g.add_argument("--dtype", default=d.dtype, help="float32 | bfloat16 | float16 | float64 (default: %(default)s)")
-    g.add_argument("--draft-dtype", default=d.draft_dtype,
-                   help="the draft's dtype when it differs from --dtype, e.g. bfloat16 (default: --dtype)")
-    g.add_argument("--device", default=d.device, help="torch device (default: %(default)s)")
-    g.add_argument("--linear-backend", default=d.linear_backend, choices=LINEAR_BACKENDS,
-                   help="verispec methods' CPU linears (default: %(default)s)")
-    g.add_argument("--draft-linear-backend", default=d.draft_linear_backend, choices=LINEAR_BACKENDS,
-                   help="the draft's linears, when they differ (default: --linear-backend's, except int4-rounded "
-                        "for an int4 target)")
-
-
 def cmd_fixed_blocks(args: argparse.Namespace) -> int:
     """Compare verifiers on the same drafted blocks; print the table, write the results JSON and its markdown."""
     from pathlib import Path
 
     from verispec.bench.fixed_blocks import FixedBlocksConfig, render_fixed_blocks, run_fixed_blocks
 
-    config = FixedBlocksConfig(**{f.name: getattr(args, f.name) for f in fields(FixedBlocksConfig)})
+    config = config_from_args(FixedBlocksConfig, args)
     results = run_fixed_blocks(config, args.out, progress=not args.no_progress)
     markdown = render_fixed_blocks(results)
     markdown_path = Path(args.out).with_suffix(".md")
@@ -215,7 +201,7 @@ def _register_fixed_blocks(sub: argparse._SubParsersAction) -> None:
                    help="tokens between contexts along the target's continuation (default: %(default)s)")
     add_sampling_options(g, d)
     g.add_argument("--seed", type=int, default=d.seed, help="prompt i: trajectory seed + i (default: %(default)s)")
-    _add_model_options(p.add_argument_group("models"), d)
+    add_model_options(p.add_argument_group("models"), verifier=False)
     g = p.add_argument_group("output")
     add_bootstrap_options(g, d)
     g.add_argument("--out", default=DEFAULT_OUT, help="results JSON; the table goes next to it as .md "
@@ -248,10 +234,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="(default: %(default)s)")
     g.add_argument("--seed", type=int, default=d.seed, help="prompt i is decoded with seed + i (default: %(default)s)")
     g = p.add_argument_group("models")
-    _add_model_options(g, d)
+    add_model_options(g)
     g.add_argument("--peer-linear-backend", default=d.peer_linear_backend, choices=LINEAR_BACKENDS,
                    help="the transformers peers' linears (default: %(default)s: transformers as users run it)")
-    g.add_argument("--verifier", default=d.verifier, help="SPRINTER methods: the learned verifier file")
     g = p.add_argument_group("measurement and output")
     g.add_argument("--warmup-tokens", type=int, default=d.warmup_tokens,
                    help="tokens of the excluded warm-up decode per method (default: %(default)s)")

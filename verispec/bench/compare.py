@@ -16,7 +16,7 @@ from verispec.bench.metrics import summarize
 from verispec.bench.runner import BenchConfig, run_bench
 from verispec.bench.tables import format_table
 from verispec.config import DecodeConfig
-from verispec.models.loading import DEFAULT_LINEAR_BACKEND
+from verispec.models.spec import ModelSpec
 from verispec.provenance import machine_description
 from verispec.sampling import SamplingConfig
 
@@ -35,12 +35,7 @@ class CompareConfig:
     top_p: float = SamplingConfig.top_p  # 1 = off
     max_new_tokens: int = 48  # per prompt, unless EOS comes first (shorter than a decode's default: a quick job)
     seed: int = DecodeConfig.seed  # prompt i is decoded with seed + i
-    target: str | None = None  # None = the embedded default target
-    draft: str | None = None  # None = the embedded default draft
-    dtype: str = "float32"  # model weights
-    draft_dtype: str | None = None  # the draft's, when it differs (None: dtype)
-    linear_backend: str = DEFAULT_LINEAR_BACKEND  # CPU linears (verispec.models.fastpath)
-    draft_linear_backend: str | None = None  # the draft's, when it differs (None: fastpath.draft_backend_for)
+    models: ModelSpec = field(default_factory=ModelSpec)  # the pair and how it runs (default: the embedded pair)
     # per method, one excluded decode of this many tokens first: it runs every kernel and cache size a timed decode
     # meets early on, so that no first-use cost (page faults, allocations) lands in the first timed prompt
     warmup_tokens: int = 16
@@ -51,9 +46,8 @@ def bench_config(config: CompareConfig) -> BenchConfig:
     return BenchConfig(
         prompts="builtin" if config.prompts == BUILTIN_PROMPTS else "list", methods=list(config.methods),
         baseline=config.methods[0], gamma=config.gamma, temperature=config.temperature, top_k=config.top_k,
-        top_p=config.top_p, max_new_tokens=config.max_new_tokens, seed=config.seed, target=config.target,
-        draft=config.draft, dtype=config.dtype, draft_dtype=config.draft_dtype, warmup_tokens=config.warmup_tokens,
-        linear_backend=config.linear_backend, draft_linear_backend=config.draft_linear_backend,
+        top_p=config.top_p, max_new_tokens=config.max_new_tokens, seed=config.seed, models=config.models,
+        warmup_tokens=config.warmup_tokens,
     )
 
 

@@ -21,7 +21,7 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from verispec.drafting import draft_paths
 from verispec.engine import DecodeConfig, score_block
 from verispec.errors import ConfigError
 from verispec.methods import get_method
-from verispec.models.loading import DEFAULT_LINEAR_BACKEND
+from verispec.models.spec import ModelSpec, flat_dict
 from verispec.provenance import provenance
 from verispec.sampling import SamplingConfig
 from verispec.stats import bootstrap_ratio
@@ -68,13 +68,9 @@ class FixedBlocksConfig:
     top_p: float = SamplingConfig.top_p
     seed: int = 0  # prompt i's trajectory is decoded with seed + i; its draws use seed + i + DRAW_SEED_OFFSET
     chat_template: bool = True
-    target: str | None = None  # hub id, folder or .gguf file; None = the embedded default
-    draft: str | None = None
-    dtype: str = "float32"
-    draft_dtype: str | None = None
-    device: str = "cpu"
-    linear_backend: str = DEFAULT_LINEAR_BACKEND
-    draft_linear_backend: str | None = None  # the draft's, when it differs (None: fastpath.draft_backend_for)
+    # the pair and how it runs (default: the embedded pair); in the results file its fields sit at the top level
+    # of `config` (`verispec.models.spec.flat_dict`)
+    models: ModelSpec = field(default_factory=ModelSpec)
     bootstrap_resamples: int = 2000
     bootstrap_seed: int = 0
 
@@ -174,18 +170,16 @@ def run_fixed_blocks(
     if prompts is None:
         prompts = load_prompts(config.prompts, config.category, config.limit, config.subset_seed, config.offset)
     if decoder is None:
-        decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
-                          linear_backend=config.linear_backend, draft_dtype=config.draft_dtype,
-                          draft_linear_backend=config.draft_linear_backend)
+        decoder = Decoder(config.models)
     target, draft = decoder.model("target"), decoder.model("draft")
     eos = frozenset(decoder.eos_token_ids("target"))
-    origin = provenance(config.device)
+    origin = provenance(config.models.device)
     started, start = time.strftime("%Y-%m-%dT%H:%M:%S"), time.perf_counter()
     contexts: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
 
     def result() -> dict[str, Any]:
-        return {"schema": SCHEMA, "config": asdict(config), **origin, "started": started,
+        return {"schema": SCHEMA, "config": flat_dict(config), **origin, "started": started,
                 "wall_seconds": time.perf_counter() - start, "contexts": contexts, "rows": rows,
                 "summary": summarize_fixed_blocks(rows, config)}
 

@@ -20,7 +20,7 @@ import json
 import time
 import warnings
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ from verispec.engine import DecodeConfig
 from verispec.errors import ConfigError
 from verispec.learned.collect import prompt_fingerprint
 from verispec.methods import METHODS
-from verispec.models.loading import DEFAULT_LINEAR_BACKEND
+from verispec.models.spec import ModelSpec, flat_dict
 from verispec.provenance import provenance
 from verispec.sampling import SamplingConfig
 from verispec.stats import default_baseline
@@ -69,15 +69,10 @@ class BenchConfig:
     max_new_tokens: int = DecodeConfig.max_new_tokens  # per prompt, unless EOS comes first
     seed: int = DecodeConfig.seed  # prompt i is decoded with seed + i, by every method
     chat_template: bool = True  # feed prompts through the tokenizer's chat template when it has one
-    target: str | None = None  # target model: hub id, folder or .gguf file; None = the embedded default
-    draft: str | None = None  # draft model, likewise
-    dtype: str = "float32"  # model weights: float32 | bfloat16 | float16 | float64
-    draft_dtype: str | None = None  # the draft's weights, when they differ from `dtype` (None: `dtype`)
-    device: str = "cpu"  # torch device of both models
-    linear_backend: str = DEFAULT_LINEAR_BACKEND  # verispec's methods: int8 | int4 | onednn | torch (models.fastpath)
-    draft_linear_backend: str | None = None  # the draft's, when it differs (None: fastpath.draft_backend_for)
+    # the pair verispec's methods run and how (its linear backend: verispec's methods'; its verifier: SPRINTER's);
+    # in the results file its fields sit at the top level of `config` (`to_dict`)
+    models: ModelSpec = field(default_factory=ModelSpec)
     peer_linear_backend: str = "torch"  # the transformers peers run transformers as users run it, by default
-    verifier: str | None = None  # SPRINTER methods: the learned verifier file
     compare_to: str | None = None  # a second reference: rows also get the speedup vs this method (e.g. "sd")
     warmup_tokens: int = 8  # per method, one excluded decode of this many tokens of the first prompt; 0 = none
     bootstrap_resamples: int = 2000  # resamples of the prompts for the speedup's 95% interval
@@ -99,6 +94,10 @@ class BenchConfig:
         if not isinstance(self.warmup_tokens, int) or self.warmup_tokens < 0:
             raise ConfigError(f"warmup_tokens must be an integer >= 0, got {self.warmup_tokens!r}")
         self.decode_config(0)  # validates gamma, max_new_tokens, seed and the sampling settings
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the settings as the results file records them: JSON-able, the model settings at the top level."""
+        return flat_dict(self)
 
     @property
     def baseline_method(self) -> str:
@@ -153,7 +152,7 @@ def check_held_out(decoder: Decoder, config: BenchConfig, prompts: list[Prompt])
         return
     trained = decoder.verifier().metadata.get("training_prompts")
     if trained is None:
-        warnings.warn(f"the verifier {config.verifier or ''} does not record its training prompts (it predates "
+        warnings.warn(f"the verifier {config.models.verifier or ''} does not record its training prompts (it predates "
                       f"that record): cannot check that the evaluation prompts are held out", stacklevel=2)
         return
     seen = set(trained)
@@ -182,9 +181,9 @@ def load_resumable(out_path: Path, config: BenchConfig, prompts: list[Prompt]) -
     check_results_shape(saved, out_path, TEXT)
     if not isinstance(saved.get("runs", []), list):
         raise ConfigError(f"cannot resume from {out_path}: its 'runs' is not a list")
-    ours, theirs = asdict(config), saved.get("config", {})
+    ours, theirs = config.to_dict(), saved.get("config", {})
     # A setting the file predates ran as its default does (new settings default to the old behaviour).
-    defaults = asdict(BenchConfig())
+    defaults = BenchConfig().to_dict()
     changed = [k for k in ours if k not in RESUMABLE_CHANGES
                and json.dumps(ours[k]) != json.dumps(theirs.get(k, defaults[k]))]
     if changed:
@@ -233,14 +232,15 @@ def run_bench(
     if archive_path is not None:
         check_writable(archive_path, "the archive")
     names = {config.variant(m).name for m in config.methods}
+    models = config.models
     with ExitStack() as stack:
         servers = {}  # the peers' processes, passed only to the runs that have such peers
         if names & set(LLAMACPP_PEERS):
             servers["llamacpp"] = stack.enter_context(
-                LlamaCppPeers(list(config.methods), config.target, config.draft, torch.get_num_threads()))
+                LlamaCppPeers(list(config.methods), models.target, models.draft, torch.get_num_threads()))
         if names & set(VLLM_PEERS):
             servers["vllm"] = stack.enter_context(
-                VllmPeers(list(config.methods), config.target, config.draft, torch.get_num_threads()))
+                VllmPeers(list(config.methods), models.target, models.draft, torch.get_num_threads()))
         return _run_bench(config, out_path, decoder, prompts, progress, resume, archive_path, servers)
 
 
@@ -292,22 +292,20 @@ def _run_bench(
                                         f"archive can be written, run again with --resume to rewrite it") from exc
     todo = [i for i in range(len(prompts)) if i not in done]
     run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_seconds": 0.0, "prompts": [],
-           **provenance(config.device)}
+           **provenance(config.models.device)}
     if "llamacpp" in servers:
         run["versions"]["llama.cpp"] = servers["llamacpp"].version()
     peer_decoder = None
     if todo:
         runs.append(run)
         if decoder is None:
-            decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
-                              verifier=config.verifier, linear_backend=config.linear_backend,
-                              draft_dtype=config.draft_dtype, draft_linear_backend=config.draft_linear_backend)
+            decoder = Decoder(config.models)
         # The peers get models of their own only when verispec's models run another linear path than theirs.
         if any(config.variant(m).name in PEERS for m in config.methods) and (
             decoder.model("target").linear_backend != config.peer_linear_backend
         ):
-            peer_decoder = Decoder(config.target, config.draft, dtype=config.dtype, device=config.device,
-                                   linear_backend=config.peer_linear_backend, draft_dtype=config.draft_dtype)
+            peer_decoder = Decoder(config.models, linear_backend=config.peer_linear_backend,
+                                   draft_linear_backend=None, verifier=None)
         check_held_out(decoder, config, prompts)
         if config.warmup_tokens:
             for method in config.methods:
@@ -319,7 +317,7 @@ def _run_bench(
         ordered = sorted(records, key=lambda r: r["order"])
         return {
             "schema": SCHEMA,
-            "config": asdict(config),
+            "config": config.to_dict(),
             "machine": run["machine"],
             "versions": run["versions"],
             "git_commit": run["git_commit"],

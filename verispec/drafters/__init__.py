@@ -59,10 +59,11 @@ def default_adaptive_gamma(method: Any) -> bool:
 def check_adaptive_gamma(config: Any, method: Any) -> None:
     """Raise ConfigError when `config.adaptive_gamma` (a DecodeConfig's) is not a bool or `method` cannot take it."""
     if not isinstance(config.adaptive_gamma, bool):
-        raise ConfigError(f"adaptive_gamma must be true or false, got {config.adaptive_gamma!r}")
+        raise ConfigError(f"adaptive_gamma must be true or false, got {config.adaptive_gamma!r}",
+                          field="adaptive_gamma")
     if config.adaptive_gamma and not takes_adaptive_gamma(method):
         raise ConfigError(f"adaptive_gamma chooses a single draft path's length per round; method {method.name!r} "
-                          f"takes no such length (use sd or bv)")
+                          f"takes no such length (use sd or bv)", field="adaptive_gamma")
 
 
 def uses_draft_model(drafter: str) -> bool:
@@ -70,36 +71,40 @@ def uses_draft_model(drafter: str) -> bool:
     return drafter != "ngram"
 
 
-def _positive_int(name: str, value: Any) -> None:
+def _positive_int(name: str, what: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        raise ConfigError(f"{name} ({what}) must be an integer >= 1, got {value!r}", field=name)
 
 
 def check_drafter_settings(config: Any, method: Any) -> None:
     """Raise ConfigError naming what is wrong with the drafter settings of `config` (a DecodeConfig) for `method`."""
     if config.drafter not in DRAFTERS:
-        raise ConfigError(f"unknown drafter {config.drafter!r}; choose one of: {', '.join(DRAFTERS)}")
-    _positive_int("ngram_min (the shortest n-gram looked up)", config.ngram_min)
-    _positive_int("ngram_max (the longest n-gram looked up)", config.ngram_max)
+        raise ConfigError(f"unknown drafter {config.drafter!r}; choose one of: {', '.join(DRAFTERS)}",
+                          field="drafter")
+    _positive_int("ngram_min", "the shortest n-gram looked up", config.ngram_min)
+    _positive_int("ngram_max", "the longest n-gram looked up", config.ngram_max)
     if config.ngram_gamma is not None:
-        _positive_int("ngram_gamma (the most tokens a lookup round drafts)", config.ngram_gamma)
+        _positive_int("ngram_gamma", "the most tokens a lookup round drafts", config.ngram_gamma)
     if config.ngram_min > config.ngram_max:
-        raise ConfigError(f"ngram_min ({config.ngram_min}) must not exceed ngram_max ({config.ngram_max})")
+        raise ConfigError(f"ngram_min ({config.ngram_min}) must not exceed ngram_max ({config.ngram_max})",
+                          field=("ngram_min", "ngram_max"))
     catchup = config.hybrid_catchup
     if not isinstance(catchup, (int, float)) or isinstance(catchup, bool) or not catchup >= 0:
         raise ConfigError(f"hybrid_catchup (the most tokens the hybrid's draft model may catch up on, per token still "
-                          f"to generate) must be a number >= 0 (inf: no limit), got {catchup!r}")
+                          f"to generate) must be a number >= 0 (inf: no limit), got {catchup!r}",
+                          field="hybrid_catchup")
     if config.drafter != "model" and (not method.speculative or method.learned_stop):
         raise ConfigError(f"method {method.name!r} takes no drafter other than 'model' (got {config.drafter!r}): "
-                          f"only speculative methods without a learned stop rule draft through a drafter")
+                          f"only speculative methods without a learned stop rule draft through a drafter",
+                          field=("drafter", "method"))
     if config.draft_vocab is not None:
         if not isinstance(config.draft_vocab, int) or isinstance(config.draft_vocab, bool) or config.draft_vocab < 2:
             raise ConfigError(f"draft_vocab (tokens of the reduced draft head) must be an integer >= 2, got "
-                              f"{config.draft_vocab!r}")
+                              f"{config.draft_vocab!r}", field="draft_vocab")
         drafts = method.decoder == "draft" or (method.speculative and uses_draft_model(config.drafter))
         if not drafts:
             raise ConfigError(f"draft_vocab={config.draft_vocab} reduces the draft model's head, which method "
-                              f"{method.name!r} with drafter {config.drafter!r} does not use")
+                              f"{method.name!r} with drafter {config.drafter!r} does not use", field="draft_vocab")
 
 
 def check_draft_confidence(config: Any, method: Any) -> None:
@@ -109,13 +114,14 @@ def check_draft_confidence(config: Any, method: Any) -> None:
         return
     if not isinstance(h, (int, float)) or isinstance(h, bool) or not 0.0 < h <= 1.0:
         raise ConfigError(f"draft_confidence (the least q(x) after which drafting goes on) must be in (0, 1], got "
-                          f"{h!r}")
+                          f"{h!r}", field="draft_confidence")
     if not method.speculative or method.multipath or method.learned_stop or not uses_draft_model(config.drafter):
         raise ConfigError(f"draft_confidence ends a draft model's single path early; method {method.name!r} with "
-                          f"drafter {config.drafter!r} drafts none (use sd or bv with drafter model or hybrid)")
+                          f"drafter {config.drafter!r} drafts none (use sd or bv with drafter model or hybrid)",
+                          field="draft_confidence")
     if config.sampling.temperature == 0.0:
         raise ConfigError("draft_confidence needs temperature > 0: at temperature 0 the draft's law is a point mass "
-                          "(q = 1 for every drafted token), so it would never stop drafting")
+                          "(q = 1 for every drafted token), so it would never stop drafting", field="draft_confidence")
 
 
 def make_drafter(config: Any, draft_model: CausalLM | None) -> Drafter:

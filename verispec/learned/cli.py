@@ -10,6 +10,7 @@ import json
 from dataclasses import fields
 
 from verispec.bench.cli import add_prompt_options, add_sampling_options
+from verispec.options import add_model_options, config_from_args
 
 DEFAULT_DATA = "results/verifier_data.safetensors"
 DEFAULT_VERIFIER = "results/verifier.safetensors"
@@ -30,7 +31,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     """Collect labelled draft tokens on training prompts and save them."""
     from verispec.learned.collect import CollectConfig, collect_from_config
 
-    config = CollectConfig(**{f.name: getattr(args, f.name) for f in fields(CollectConfig)})
+    config = config_from_args(CollectConfig, args)
     data = collect_from_config(config, args.out, progress=not args.no_progress)
     m = data.manifest
     print(f"{m['rows']} rows from {m['prompts']} prompts ({m['positives']} acceptable at lambda={m['lam']}), "
@@ -103,10 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     c = CollectConfig()
     p = steps.add_parser("collect", help="label draft tokens with the target on training prompts (never eval ones)")
-    p.add_argument("--target", default=c.target, help="hub id, folder or .gguf file (default: embedded)")
-    p.add_argument("--draft", default=c.draft, help="hub id, folder or .gguf file (default: embedded)")
-    p.add_argument("--dtype", default=c.dtype, help="(default: %(default)s)")
-    p.add_argument("--device", default=c.device, help="(default: %(default)s)")
+    add_model_options(p, verifier=False)
     add_prompt_options(p, c)
     p.add_argument("--steps", type=int, default=c.steps, help="drafted tokens per prompt (default: %(default)s)")
     p.add_argument("--lam", type=float, default=c.lam, help="label q(x) <= lam*p(x) (default: %(default)s)")

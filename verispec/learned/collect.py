@@ -11,7 +11,7 @@ label 0: the same trajectory law as one step at a time, with fewer target calls.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from verispec.engine import roll_back, score_block
 from verispec.errors import ConfigError, IncompatibleModelsError, VerifierFileError
 from verispec.learned.verifier import entropy
 from verispec.models.protocol import CausalLM
+from verispec.models.spec import ModelSpec, flat_dict
 from verispec.sampling import SamplingConfig, sample
 
 DATA_FORMAT = "verispec-verifier-data"
@@ -269,10 +270,8 @@ def load_dataset(path: str | Path) -> VerifierData:
 class CollectConfig:
     """`verispec verifier collect`: models, training prompts (never the evaluation prompts), and settings."""
 
-    target: str | None = None  # hub id, folder or .gguf file (None: the embedded pair)
-    draft: str | None = None
-    dtype: str = "float32"
-    device: str = "cpu"
+    # the pair (default: the embedded pair) and how it runs; its verifier is unused (collecting makes one's data)
+    models: ModelSpec = field(default_factory=ModelSpec)
     prompts: str = "builtin"  # a `verispec.bench.datasets.load_prompts` source
     category: list[str] | None = None  # keep only these categories
     limit: int | None = None  # number of prompts (None: all)
@@ -292,11 +291,9 @@ class CollectConfig:
 def collect_from_config(config: CollectConfig, out: str | Path, progress: bool = True) -> VerifierData:
     """Load the models and prompts named by `config`, collect, save to `out`; return the rows."""
     from verispec.bench.datasets import load_prompts
-    from verispec.models.loading import load_model
     from verispec.models.pair import check_compatible, encode_prompt, eos_token_ids
 
-    target = load_model(config.target, "target", dtype=config.dtype, device=config.device)
-    draft = load_model(config.draft, "draft", dtype=config.dtype, device=config.device)
+    target, draft = config.models.load("target"), config.models.load("draft")
     check_compatible(target, draft)
     prompts = load_prompts(config.prompts, category=config.category, limit=config.limit, seed=config.subset_seed,
                            offset=config.offset)
@@ -304,7 +301,7 @@ def collect_from_config(config: CollectConfig, out: str | Path, progress: bool =
     sampling = SamplingConfig(temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
     data = collect(draft, target, ids, config.steps, config.lam, sampling, config.seed, progress, config.cap,
                    config.block, eos_token_ids(target))
-    save_dataset(out, data, {"config": asdict(config), "prompt_ids": [p.id for p in prompts],
+    save_dataset(out, data, {"config": flat_dict(config), "prompt_ids": [p.id for p in prompts],
                              "prompt_fingerprints": [prompt_fingerprint(p.text) for p in prompts]})
     return data
 

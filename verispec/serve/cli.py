@@ -77,12 +77,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from verispec.api import Decoder
+    from verispec.options import model_spec
     from verispec.serve import create_app
 
     config = serve_config(args)
-    decoder = Decoder(args.target, args.draft, dtype=args.dtype, verifier=args.verifier,
-                      linear_backend=args.linear_backend, draft_dtype=args.draft_dtype,
-                      draft_linear_backend=args.draft_linear_backend)
+    decoder = Decoder(model_spec(args))
     app = create_app(decoder, config)
     server = draining_server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                             timeout_graceful_shutdown=FLUSH_SECONDS),

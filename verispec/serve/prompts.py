@@ -18,7 +18,7 @@ from verispec.limits import context_length
 from verispec.methods import get_method
 from verispec.processors import LogitProcessors
 from verispec.serve import bounds
-from verispec.serve.schemas import ROLES, APIError, Message
+from verispec.serve.schemas import ROLES, APIError, Message, error_param
 
 
 def chat_prompt_ids(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
@@ -113,4 +113,4 @@ def check_logit_bias(decoder: Any, config: DecodeConfig) -> None:
     try:
         processors.check_vocab(model.vocab_size)
     except ConfigError as exc:
-        raise APIError(400, str(exc), param="logit_bias") from None
+        raise APIError(400, str(exc), param=error_param(exc)) from None

@@ -10,13 +10,14 @@ nothing in the output (`IGNORED`), accepted only with a value that asks for noth
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from verispec.engine import DecodeConfig
-from verispec.errors import ConfigError
+from verispec.errors import ConfigError, VerispecError
 from verispec.processors import MAX_TOP_LOGPROBS
 from verispec.serve import bounds
 
@@ -247,20 +248,15 @@ _TOP_LEVEL = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "m
 _DEFAULTS_WHERE_THEY_FIT = ("drafter", "draft_vocab", "draft_confidence", "adaptive_gamma")
 
 
-def _param(message: str, given: set[str]) -> str | None:
-    """Return the request field that a DecodeConfig / SamplingConfig error `message` is about (its `param`).
-
-    The messages start with the setting they are about ("gamma (draft length) must ...", "unknown drafter ...");
-    a message about two settings names the one the request gave (`given`: the DecodeConfig names it set).
-    """
-    match = re.match(r"(?:unknown )?(\w+)", message)
-    name = match.group(1) if match else ""
-    if name == "method" and ("paths must be 1" in message or "needs paths >= 2" in message):  # a K it cannot take
-        name = "paths"
-    elif name == "method" and "takes no drafter" in message and "drafter" in given:
-        name = "drafter"
-    elif name == "ngram_min" and "must not exceed" in message and "ngram_min" not in given:
-        name = "ngram_max"
+def error_param(error: VerispecError, given: Collection[str] = ()) -> str | None:
+    """Return the request field a DecodeConfig / SamplingConfig `error` is about (its `param`): of the settings it
+    names (`ConfigError.fields`), the first the request gave (`given`: the DecodeConfig names it set), else the
+    first; None for an error about no request field (or not a ConfigError)."""
+    fields = error.fields if isinstance(error, ConfigError) else ()
+    names = [name for name in fields if name in given] or list(fields[:1])
+    if not names:
+        return None
+    name = names[0]
     if name in _TOP_LEVEL:
         return _TOP_LEVEL[name]
     return f"verispec.{name}" if name in VerispecOptions.model_fields else None
@@ -357,9 +353,10 @@ def settings(request: _Common, defaults: DecodeConfig) -> Settings:
     try:
         config = _decode_config(defaults, requested)
     except ConfigError as exc:
+        param = error_param(exc, set(requested))
         message = str(exc)
-        if message.startswith("max_new_tokens"):
-            message = "max_tokens" + message[len("max_new_tokens"):]
-        raise APIError(400, message, param=_param(str(exc), set(requested))) from None
+        if exc.field == "max_new_tokens":  # the request calls the setting max_tokens
+            message = message.replace("max_new_tokens", "max_tokens", 1)
+        raise APIError(400, message, param=param) from None
     include_usage = bool(request.stream_options and request.stream_options.include_usage)
     return Settings(config, stop, bool(request.stream), include_usage, max_tokens is not None)

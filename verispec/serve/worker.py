@@ -27,7 +27,7 @@ from verispec.serve.config import ServeConfig
 from verispec.serve.logprobs import Entry, LogprobStream, TokenText, token_text
 from verispec.serve.metrics import ServerMetrics
 from verispec.serve.prompts import chat_prompt_ids, context_limit, raw_prompt_ids
-from verispec.serve.schemas import APIError, Message
+from verispec.serve.schemas import APIError, Message, error_param
 from verispec.serve.streaming import TextStream
 from verispec.trace import Trace
 
@@ -316,8 +316,7 @@ class EngineWorker:
         except VerispecError as exc:
             # The engine checks logit_bias's ids against the decoding model's vocabulary (as the app did before
             # queuing): name the field, as the app's check does; other errors here are about the server's models.
-            param = "logit_bias" if str(exc).startswith("logit_bias") else None
-            job.send(Failed(APIError(400, str(exc), param=param)))
+            job.send(Failed(APIError(400, str(exc), param=error_param(exc))))
             return
         except Exception as exc:  # a bug or a model failure: the server answers 500 and keeps serving
             log.exception("generation failed")

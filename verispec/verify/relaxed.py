@@ -60,11 +60,11 @@ class RelaxedKnobs:
         for name, (low, high) in ranges.items():
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not (low <= value <= high):
-                raise ConfigError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
+                raise ConfigError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}", field=name)
         for name, low in (("fly_window", 1), ("fly_top_k", 2)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}", field=name)
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
