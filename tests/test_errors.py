@@ -34,6 +34,7 @@ from verispec.errors import ConfigError
     ({"logit_bias": {"x": 1}}, ("logit_bias",)),
     ({"presence_penalty": 3.0}, ("presence_penalty",)),
     ({"logprobs": 21}, ("logprobs",)),
+    ({"prompt_chunk": 0}, ("prompt_chunk",)),
 ])
 def test_a_bad_decode_setting_names_its_field(settings, fields):
     with pytest.raises(ConfigError) as caught:

@@ -128,7 +128,7 @@ class DecodeConfig:
         if self.prompt_chunk is not None and (not isinstance(self.prompt_chunk, int) or isinstance(
                 self.prompt_chunk, bool) or self.prompt_chunk < 1):
             raise ConfigError(f"prompt_chunk must be an integer >= 1 (tokens per prompt pass) or None, got "
-                              f"{self.prompt_chunk!r}")
+                              f"{self.prompt_chunk!r}", field="prompt_chunk")
 
     def relaxed_knobs(self) -> RelaxedKnobs:
         """Return the lossy rules' knobs (validated; ConfigError names a knob out of range)."""
