@@ -1,6 +1,7 @@
 """Continuous batching against one request at a time, and against llama.cpp's server: the same prompts streamed by
-1, 2, 4 and 8 concurrent clients to two verispec servers over one loaded pair, `--max-batch N` and `--max-batch 1`,
-and to llama.cpp's `llama-server` peers over the same GGUF pair. Prints, per method and level, aggregate tokens/s
+1, 2, 4 and 8 concurrent clients to two verispec servers over one loaded pair, `--max-batch N` and `--max-batch 1`
+(`--against whole-prompts`: `--max-batch N` reading prompts in one pass instead of in 64-token chunks), and to
+llama.cpp's `llama-server` peers over the same GGUF pair. Prints, per method and level, aggregate tokens/s
 of each server and their ratios, p50/p95 time to first token and inter-token latency. Each server runs in a process
 of its own (`verispec serve` loading the default pair; `llama-server` its GGUF files).
 
@@ -47,20 +48,23 @@ from verispec.provenance import provenance
 from verispec.sampling import SamplingConfig
 from verispec.serve.bench import ServeBenchConfig, run_serve_bench
 
-VERISPEC = ("batched", "one-at-a-time")
+# The second verispec server each batched one is compared with (`--against`): one request at a time, or batched
+# with every prompt read in one pass (`--prompt-chunk 0`) instead of the batched server's 64-token chunks.
+AGAINST = {"one-at-a-time": ["--max-batch", "1"], "whole-prompts": ["--prompt-chunk", "0"]}
 
 
 @contextlib.contextmanager
-def verispec_servers(max_batch: int, max_tokens: int, logs: Path) -> Iterator[dict[str, str]]:
-    """Start `verispec serve --max-batch N` and `--max-batch 1` on free ports, each in a process of its own (so
-    that each server's OpenMP pool is alone in its process); yield their URLs once ready, stop them on exit."""
+def verispec_servers(max_batch: int, max_tokens: int, logs: Path, against: str) -> Iterator[dict[str, str]]:
+    """Start `verispec serve --max-batch N` and the server it is compared with (`AGAINST`) on free ports, each in a
+    process of its own (so that each server's OpenMP pool is alone in its process); yield their URLs once ready,
+    stop them on exit."""
     processes: list[subprocess.Popen] = []
     urls = {}
     try:
-        for name, batch in zip(VERISPEC, (max_batch, 1), strict=True):
+        for name, extra in (("batched", []), (against, AGAINST[against])):
             port = free_port()
-            command = [sys.executable, "-m", "verispec", "serve", "--port", str(port), "--max-batch", str(batch),
-                       "--max-queue", "64", "--max-new-tokens", str(max_tokens), "--log-level", "warning"]
+            command = [sys.executable, "-m", "verispec", "serve", "--port", str(port), "--max-batch", str(max_batch),
+                       "--max-queue", "64", "--max-new-tokens", str(max_tokens), "--log-level", "warning", *extra]
             log = Path(f"{logs}.{name}.log")
             processes.append(subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT,
                                               env=os.environ | {"HF_HUB_OFFLINE": "1"}))
@@ -104,6 +108,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--peers", nargs="*", choices=list(LLAMACPP_PEERS), default=list(LLAMACPP_PEERS),
                         help="llama.cpp peers (default: all); none with an empty list")
+    parser.add_argument("--against", choices=list(AGAINST), default="one-at-a-time",
+                        help="the second verispec server: --max-batch 1, or batched with prompts read whole")
     parser.add_argument("--out", default="benchmarks/results/serve-batching.json")
     args = parser.parse_args()
     # SIGTERM (a `timeout`, a job's end) unwinds like Ctrl-C, so that the servers are stopped, not orphaned
@@ -122,7 +128,7 @@ def main() -> None:
             llamacpp = stack.enter_context(LlamaCppPeers(args.peers, None, None, threads, slots=max(args.clients)))
             peers = start_peers(llamacpp, args.peers, gamma)
             version = llamacpp.version()
-        urls = stack.enter_context(verispec_servers(args.max_batch, args.max_tokens, logs))
+        urls = stack.enter_context(verispec_servers(args.max_batch, args.max_tokens, logs, args.against))
         rows, levels, records = measure(args, prompts, urls, {name: p["url"] for name, p in peers.items()})
     setup = {"threads": threads, "gamma": gamma, "slots": max(args.clients),
              "commands": {name: p["command"] for name, p in peers.items()}, "version": version}
@@ -148,7 +154,7 @@ def measure(args: argparse.Namespace, prompts: list[str], urls: dict[str, str], 
         base = ServeBenchConfig(clients=clients, requests=requests, max_tokens=args.max_tokens,
                                 temperature=args.temperature,
                                 prompts=prompts[:requests] if len(prompts) >= requests else prompts)
-        runs = [(name, urls[name], method) for method in args.methods for name in VERISPEC]
+        runs = [(name, urls[name], method) for method in args.methods for name in urls]
         runs += [(name, url, None) for name, url in peers.items()]
         summaries: dict[tuple[str, str | None], dict[str, Any]] = {}
         for name, url, method in runs if index % 2 == 0 else runs[::-1]:
@@ -159,7 +165,7 @@ def measure(args: argparse.Namespace, prompts: list[str], urls: dict[str, str], 
         level = level_summary(clients, requests, {name: summaries[name, None] for name in peers}, records)
         levels.append(level)
         for method in args.methods:
-            rows.append(row(level, method, {name: summaries[name, method] for name in VERISPEC}))
+            rows.append(row(level, method, {name: summaries[name, method] for name in urls}, args.against))
     return rows, levels, records
 
 
@@ -178,14 +184,16 @@ def level_summary(clients: int, requests: int, peers: dict[str, dict[str, Any]],
     return {"clients": clients, "requests": requests, "peers": peers, "best_llamacpp": best}
 
 
-def row(level: dict[str, Any], method: str, servers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def row(level: dict[str, Any], method: str, servers: dict[str, dict[str, Any]],
+        against: str = "one-at-a-time") -> dict[str, Any]:
     """Return (and print) one level's row of `method`: both verispec servers, their ratio, and batched's ratio
     over the better llama.cpp peer of the level."""
-    b, s = servers["batched"], servers["one-at-a-time"]
+    b, s = servers["batched"], servers[against]
+    ratio = f"batched_over_{against.replace('-', '_')}"
     result = {"clients": level["clients"], "method": method, "requests": level["requests"], **servers,
-              "batched_over_one_at_a_time": b["tokens_per_s"] / s["tokens_per_s"]}
-    line = (f"{level['clients']} clients {method:>3}: batched {b['tokens_per_s']:6.1f} tok/s, one at a time "
-            f"{s['tokens_per_s']:6.1f} tok/s, ratio {result['batched_over_one_at_a_time']:.2f}x; TTFT p50 "
+              ratio: b["tokens_per_s"] / s["tokens_per_s"]}
+    line = (f"{level['clients']} clients {method:>3}: batched {b['tokens_per_s']:6.1f} tok/s, {against} "
+            f"{s['tokens_per_s']:6.1f} tok/s, ratio {result[ratio]:.2f}x; TTFT p50 "
             f"{_ms(b['ttft_p50'])} / {_ms(s['ttft_p50'])} ms; ITL p50 {_ms(b['itl_p50'])} / {_ms(s['itl_p50'])} ms")
     if level["best_llamacpp"]:
         best = level["peers"][level["best_llamacpp"]]["tokens_per_s"]
