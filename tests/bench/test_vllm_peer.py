@@ -140,3 +140,19 @@ def test_worker_that_cannot_start_shows_its_log(fake_vllm, tmp_path, monkeypatch
     with VllmPeers(["vllm-generate"], str(tmp_path), None, 1) as peers:
         with pytest.raises(VllmPeerError, match=r"(?s)died during start-up.*No module named 'vllm'"):
             peers.generate("vllm-generate", [1], 4, SamplingConfig(), 2, 0, [0])
+
+
+def test_peers_take_turns_where_memory_is_short(fake_vllm, tmp_path, monkeypatch):
+    import verispec.bench.vllm as peers_module
+
+    monkeypatch.setattr(peers_module, "available_memory", lambda: 2**20)  # 1 MB: no room for a second worker
+    with VllmPeers(["vllm-generate", "vllm-speculative:method=ngram"], str(tmp_path), None, 1) as peers:
+        assert peers.generate("vllm-generate", [1], 3, SamplingConfig(), 2, 0, [0])[0] == [2]
+        first = peers.workers[("vllm-generate", 0)]
+        with pytest.warns(UserWarning, match="take turns"):
+            peers.generate("vllm-speculative:method=ngram", [4], 3, SamplingConfig(), 2, 0, [0])
+        assert list(peers.workers) == [("ngram", 3)] and first.process.returncode == 0  # stopped, not killed
+        assert peers.generate("vllm-generate", [1], 3, SamplingConfig(), 2, 0, [0])[0] == [2]  # started again
+        assert peers.version() == {"vllm": "0.32.0", "python": sys.executable, "reloads": 2}
+    log_dir = peers.log_dir
+    assert not log_dir.exists()  # a run that ended well leaves no logs behind

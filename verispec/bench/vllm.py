@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,27 @@ PYTHON_ENV = "VERISPEC_VLLM_PYTHON"  # the Python of vLLM's virtualenv, when not
 SPECULATIVE_METHODS = ("draft_model", "ngram")
 START_TIMEOUT = 1800.0  # a first start compiles; eager starts took 42-85 s on a 2-core host
 CONTEXT = 4096  # each worker's max_model_len
+
+
+def available_memory() -> int | None:
+    """Return the bytes of memory the kernel says are available now (Linux), None where it does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def engine_memory(engine: dict[str, Any]) -> int:
+    """Return the memory a worker of `engine` is expected to hold: its models' weight files x 1.3 (a float32
+    default target, 6.2 GB of files, held 10.3 GB resident with its 1 GiB KV cache), the KV cache, 2 GB else."""
+    folders = [engine["model"], (engine.get("speculative_config") or {}).get("model")]
+    weights = sum(f.stat().st_size for folder in folders if folder and Path(folder).is_dir()
+                  for f in Path(folder).glob("*.safetensors"))
+    kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")) * 2**30
+    return int(1.3 * weights + kv + 2 * 2**30)
 
 
 class VllmPeerError(VerispecError, RuntimeError):
@@ -193,13 +216,14 @@ class VllmPeers:
         speculative = {speculative_method(label) for label in labels if label.startswith("vllm-speculative")}
         self.draft = hf_folder(draft, "draft") if "draft_model" in speculative else None
         self.threads = threads
-        self.workers: dict[tuple[str, int], VllmWorker] = {}
+        self.workers: dict[tuple[str, int], VllmWorker] = {}  # in the order they were last used
+        self.turns = 0  # workers stopped to make room for another
+        self.version_seen: str | None = None
         self.log_dir = Path(tempfile.mkdtemp(prefix="verispec-vllm-"))
 
     def version(self) -> dict[str, Any]:
         """Return what the results' versions block records of vLLM (known once a worker started)."""
-        started = next(iter(self.workers.values()), None)
-        return {"vllm": started.ready["vllm"] if started else None, "python": str(self.python)}
+        return {"vllm": self.version_seen, "python": str(self.python), "reloads": self.turns}
 
     def worker(self, method: str, gamma: int) -> VllmWorker:
         """Return the (started) worker of `method` ("vllm-generate" or a speculative method) at draft length γ."""
@@ -208,8 +232,20 @@ class VllmPeers:
             if method == "draft_model" and self.draft is None:
                 raise ConfigError("vllm-speculative was not among the methods these peers were set up for")
             engine = engine_settings(self.target, self.draft, method, gamma, self.threads)
+            # Where the host cannot hold this worker beside the others (a float32 engine is about 10 GB), the
+            # others stop first: the peers then take turns, each switch a reload (outside the timings).
+            while self.workers and (available_memory() or 2**62) < engine_memory(engine):
+                oldest = next(iter(self.workers))
+                if not self.turns:
+                    warnings.warn("the vLLM peers take turns: this host's memory does not hold their workers at "
+                                  "once, so each switch between them reloads vLLM (not timed, but slow)",
+                                  stacklevel=2)
+                self.turns += 1
+                self.workers.pop(oldest).close()
             log = self.log_dir / f"{method}-gamma{key[1]}.log"
             self.workers[key] = VllmWorker(self.python, engine, log, self.threads)
+        else:
+            self.workers[key] = self.workers.pop(key)  # the most recently used last
         return self.workers[key]
 
     def generate(self, label: str, prompt_ids: list[int], gamma: int, sampling: SamplingConfig,
@@ -224,6 +260,7 @@ class VllmPeers:
                               f"vLLM peers' context of {context} tokens")
         method = "vllm-generate" if name == "vllm-generate" else speculative_method(label)
         worker = self.worker(method, gamma)
+        self.version_seen = worker.ready["vllm"]
         reply = worker.generate({"prompt": prompt_ids, "max_tokens": max_new_tokens, "seed": seed,
                                  "stop_token_ids": eos, **sampling_settings(sampling)})
         tokens = list(reply["tokens"])
@@ -242,6 +279,8 @@ class VllmPeers:
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         self.close()
+        if exc_type is None:  # the logs only matter to explain a failure
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
 def vllm_generate(peers: VllmPeers, decoder: Any, prompt: str, label: str, config: DecodeConfig,
