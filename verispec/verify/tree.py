@@ -27,6 +27,7 @@ class MultiPathResult:
     path: int  # index k of a path whose first `accepted` tokens were kept
     accepted: int  # τ: number of draft tokens kept (0..γ)
     token: int  # the correction token (τ < γ, or a token off every path) or the bonus token (τ = γ)
+    leaks: list[float] | None = None  # a lossy rule's leak ε per drafted position (verify/relaxed.py), else None
 
 
 @dataclass(frozen=True)
