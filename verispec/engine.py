@@ -29,7 +29,7 @@ from verispec.diagnostics import RoundObserver, SprinterDiagnostics, record_rela
 from verispec.drafters import DraftRequest, make_drafter, round_length, uses_draft_model
 from verispec.drafters.adaptive import AdaptiveGamma
 from verispec.drafters.confidence import ConfidenceStop
-from verispec.drafting import DraftBlock, PrefixTree, StopRule, merge_paths
+from verispec.drafting import DraftBlock, PrefixTree, StopRule
 from verispec.errors import ConfigError
 from verispec.logprobs import TokenLogprob, log_laws, token_logprobs
 from verispec.methods import Method, MultiPathResult, get_method
@@ -312,7 +312,7 @@ def tree_pass(decoder: CausalLM, tokens: list[int], block: DraftBlock) -> tuple[
     a prefix tree (tree attention unless the tree is a chain); return (logits `[N+1, V]`: the root, then each tree
     node; the tree; the number of tokens fed). The cache must lack at least the last committed token."""
     base = len(tokens)
-    tree = merge_paths(block.tokens)
+    tree = block.tree  # the one the draft grew (or built from a lookup's candidates)
     new = tokens[decoder.cache_length :]
     prompt_rows = getattr(decoder, "prompt_rows", None)
     if prompt_rows is not None and len(new) > 1 and tree.tokens and len(new) + len(tree.tokens) > prompt_rows:
@@ -361,18 +361,20 @@ def verify_block(method: Method, block: DraftBlock, scored: ScoredBlock, generat
     rule whatever the multi-path method (docs/algorithms.md §6.1). A lossy rule's gates also read the unprocessed
     target law p̃ of the pass (docs/algorithms.md §6.2), and its result carries each position's leak."""
     if block.deterministic and method.multipath:
-        return candidate_tree_verify(block.as_tensor(), block.q, scored.p, generator)
+        return candidate_tree_verify(block.as_tensor(), block.q, scored.p, generator, scored.tree)
     p_gate = scored.per_path(scored.gate_law()) if method.relaxed else None
     return verify_paths(method, block.as_tensor(), block.q, scored.laws if method.reads_rows else scored.p,
-                        generator, p_gate)
+                        generator, p_gate, scored.tree)
 
 
 def verify_paths(method: Method, draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor | PathLaws,
-                 generator: torch.Generator, p_gate: torch.Tensor | None = None) -> MultiPathResult:
+                 generator: torch.Generator, p_gate: torch.Tensor | None = None,
+                 tree: PrefixTree | None = None) -> MultiPathResult:
     """Run `method`'s verifier on K paths (`[K, γ]`, `[K, γ, V]`, `[K, γ+1, V]`); single-path ones see path 0.
-    `p_gate` `[K, γ+1, V]`: a lossy rule's unprocessed target law p̃ (None: p)."""
+    `p_gate` `[K, γ+1, V]`: a lossy rule's unprocessed target law p̃ (None: p). `tree`: the paths' prefix tree, the
+    round's one (the multi-path verifiers walk it; None: they build it from `draft_tokens`)."""
     if method.multipath:
-        return method.verify(draft_tokens, q, p, generator)
+        return method.verify(draft_tokens, q, p, generator, tree=tree)
     if method.relaxed:
         gated = method.verify(draft_tokens[0], q[0], p[0], generator, p_gate=None if p_gate is None else p_gate[0])
         return MultiPathResult(path=0, accepted=gated.accepted, token=gated.token, leaks=gated.leaks)
