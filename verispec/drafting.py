@@ -36,13 +36,17 @@ class DraftBlock:
     # The K paths are fixed candidates with a point-mass q (n-gram lookup), not i.i.d. draws from q: multi-path
     # methods then verify them with the candidate-tree rule (docs/algorithms.md §6.1)
     deterministic: bool = False
-    # The paths merged by common prefix: the draft model's grows it as it feeds them, and the target's pass and the
-    # multi-path verifiers read the same one; None: built here from `tokens` (lookup and empty blocks)
-    tree: PrefixTree | None = None
+    # The paths merged by common prefix as the draft model grew it while feeding them; None: none grown (lookup and
+    # empty blocks). Read through `tree`.
+    grown_tree: PrefixTree | None = field(default=None, repr=False)
 
-    def __post_init__(self) -> None:
-        if self.tree is None:
-            self.tree = PrefixTree.of(self.tokens)
+    @property
+    def tree(self) -> PrefixTree:
+        """Return the paths' prefix tree, the one the target's pass and the multi-path verifiers read: the draft's
+        own, or one built from `tokens` where none was grown or the tokens were changed after drafting."""
+        if self.grown_tree is None or self.grown_tree.paths() != self.tokens:
+            self.grown_tree = PrefixTree.of(self.tokens)
+        return self.grown_tree
 
     @property
     def length(self) -> int:
@@ -163,7 +167,7 @@ def draft_paths(
     decisions = [stop_rule.accepts(score) for score in scores] if stop_rule is not None else []
     drafted = forwards  # one depth per forward; fewer than γ where drafting stopped early
     q = q[:, :drafted] if n_paths == 1 or drafted == gamma else q[:, :drafted].contiguous()
-    return DraftBlock(paths, q, positions, forwards, fed, scores, decisions, hiddens, tree=tree)
+    return DraftBlock(paths, q, positions, forwards, fed, scores, decisions, hiddens, grown_tree=tree)
 
 
 def merge_paths(paths: list[list[int]]) -> PrefixTree:

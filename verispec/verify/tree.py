@@ -97,11 +97,15 @@ class PrefixTree:
         place the K = 1 fast paths of `verispec.engine` are chosen."""
         return len(self.node_of) == 1
 
+    def paths(self) -> list[list[int]]:
+        """Return the K paths' tokens `[K][γ']`."""
+        return [[self.tokens[node] for node in nodes] for nodes in self.node_of]
+
     def by_prefix(self) -> NodesByPrefix:
         """Return the verifiers' view: each distinct prefix (the root () included) -> its depth, the lowest path
         through it and the next token of every path through it, depth by depth (computed once)."""
         if self._by_prefix is None:
-            paths = [tuple(self.tokens[node] for node in nodes) for nodes in self.node_of]
+            paths = [tuple(path) for path in self.paths()]
             gamma = len(paths[0]) if paths else 0
             nodes: NodesByPrefix = {}
             for depth in range(gamma + 1):
