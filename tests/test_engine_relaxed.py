@@ -11,8 +11,10 @@ import torch
 
 from tests.stats import FALSE_ALARM, chi_square_pvalue
 from verispec import theory
-from verispec.engine import DecodeConfig, Engine
+from verispec.drafters import DraftRequest, make_drafter
+from verispec.engine import DecodeConfig, Engine, score_block, verify_block
 from verispec.errors import ConfigError
+from verispec.methods import get_method
 from verispec.models.tabular import TabularLM
 from verispec.sampling import SamplingConfig, process_logits
 from verispec.verify.relaxed import margin_mask
@@ -76,6 +78,32 @@ def test_trace_records_the_online_leak():
         assert max(leaks) > 0.0, rule
     sd = decode(engine, "sd", 0).trace
     assert all(not r.leak for r in sd.rounds)
+
+
+@pytest.mark.parametrize("rule", list(LOSSY))
+def test_verify_block_runs_the_round_the_loop_runs(rule):
+    """The first round by hand (the same generator draws the draft, one target pass, then `verify_block` with the
+    configured method) keeps what the loop's first round kept, emits its tokens and records its leaks: the exported
+    verifier is the loop's, knobs and p̃ included (temperature 0.7 and top-k 3: p̃ is not p)."""
+    engine, prompt = pair_engine(), [0, 1]
+    sampling = SamplingConfig(temperature=0.7, top_k=3)
+    for seed in range(4):
+        config = DecodeConfig(rule, gamma=4, max_new_tokens=5, sampling=sampling, seed=seed, drafter="model",
+                              **LOSSY[rule])
+        out = engine.decode(prompt, config)
+        first = out.trace.rounds[0]
+        generator = torch.Generator().manual_seed(seed)
+        for model in (engine.target, engine.draft):
+            model.reset()
+        block = make_drafter(config, engine.draft).propose(DraftRequest(
+            list(prompt), 1, 4, sampling, generator, engine.eos_token_ids, engine.target.vocab_size, remaining=5))
+        scored = score_block(engine.target, list(prompt), block, sampling)
+        method = config.decoding_method()
+        assert method.verify.knobs == config.relaxed_knobs() != get_method(rule).verify.knobs
+        result = verify_block(method, block, scored, generator)
+        assert (result.accepted, result.leaks[: result.accepted + 1]) == (first.accepted,
+                                                                          first.leak[: first.accepted + 1])
+        assert out.tokens[: first.emitted] == (block.tokens[0][: result.accepted] + [result.token])[: first.emitted]
 
 
 def tabular_case():

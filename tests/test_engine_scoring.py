@@ -26,6 +26,7 @@ def test_the_tree_pass_scores_each_path_as_the_chain_pass_does(tiny_pair):
     block = ModelDrafter(draft).propose(DraftRequest(tokens, 3, 4, WARM, generator, frozenset(), target.vocab_size))
     target.reset()
     tree = score_block(target, tokens, block, WARM)
+    assert tree.tree is block.tree  # the pass feeds the tree the draft grew
     assert tree.p.shape == (3, block.length + 1, target.vocab_size)
     for k, path in enumerate(block.tokens):
         single = DraftBlock([path], block.q[k : k + 1], [[]], forwards=0, fed=0)

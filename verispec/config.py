@@ -21,7 +21,7 @@ from verispec.drafters import (
 )
 from verispec.drafters.hybrid import HYBRID_CATCHUP
 from verispec.errors import ConfigError
-from verispec.methods import get_method
+from verispec.methods import Method, get_method
 from verispec.processors import check_logit_bias, check_logprobs, check_penalty
 from verispec.sampling import SamplingConfig
 from verispec.verify.relaxed import RelaxedKnobs
@@ -133,6 +133,10 @@ class DecodeConfig:
     def relaxed_knobs(self) -> RelaxedKnobs:
         """Return the lossy rules' knobs (validated; ConfigError names a knob out of range)."""
         return RelaxedKnobs(**{name: getattr(self, name) for name in RelaxedKnobs.__dataclass_fields__})
+
+    def decoding_method(self) -> Method:
+        """Return the registered method with this configuration's settings: a lossy rule's verifier at its knobs."""
+        return get_method(self.method).with_knobs(self.relaxed_knobs())
 
     def with_settings(self, **settings: Any) -> DecodeConfig:
         """Return this configuration with `settings` changed (validated): DecodeConfig field names, the sampling

@@ -15,6 +15,9 @@ import torch
 from verispec.models.protocol import CausalLM
 from verispec.processors import RoundProcessors
 from verispec.sampling import SamplingConfig, draw, process_logits
+from verispec.verify.tree import PrefixTree
+
+__all__ = ["DraftBlock", "PrefixTree", "StopRule", "draft_paths", "merge_paths"]
 
 
 @dataclass
@@ -33,6 +36,17 @@ class DraftBlock:
     # The K paths are fixed candidates with a point-mass q (n-gram lookup), not i.i.d. draws from q: multi-path
     # methods then verify them with the candidate-tree rule (docs/algorithms.md §6.1)
     deterministic: bool = False
+    # The paths merged by common prefix as the draft model grew it while feeding them; None: none grown (lookup and
+    # empty blocks). Read through `tree`.
+    grown_tree: PrefixTree | None = field(default=None, repr=False)
+
+    @property
+    def tree(self) -> PrefixTree:
+        """Return the paths' prefix tree, the one the target's pass and the multi-path verifiers read: the draft's
+        own, or one built from `tokens` where none was grown or the tokens were changed after drafting."""
+        if self.grown_tree is None or self.grown_tree.paths() != self.tokens:
+            self.grown_tree = PrefixTree.of(self.tokens)
+        return self.grown_tree
 
     @property
     def length(self) -> int:
@@ -106,6 +120,8 @@ def draft_paths(
     forwards, fed = 1, len(new)
     for path in paths:
         path.append(draw(q_root[0], sampling, generator))
+    tree = PrefixTree(node_of=[[] for _ in range(n_paths)])  # the round's one tree, grown as the paths are drawn
+    fresh = tree.grow([path[-1] for path in paths])  # the nodes the last draws added: what the next forward feeds
     scores: list[float] = []
     hiddens: list[torch.Tensor] = []
     hidden = out.hidden[0] if keep_hidden else None
@@ -119,16 +135,18 @@ def draft_paths(
         if stop_rule is not None and not stop_rule.accepts(scores[-1]):
             break
         start = drafter.cache_length
-        last = [path[-1] for path in paths]
+        # Paths with the same prefix have the same next law: the tree's new nodes are the distinct prefixes (i.i.d.
+        # draws from a confident draft often coincide), each fed once, and every path takes its node's row and
+        # cache position. rows[j]: a path through new node j; row_of[k]: path k's row (new nodes are numbered on).
+        ends = [nodes[-1] for nodes in tree.node_of]
+        rows = [ends.index(node) for node in fresh]
+        row_of = [end - fresh[0] for end in ends]
         if n_paths == 1:
-            out = drafter.forward(last, n_logits=1, return_hidden=keep_hidden)  # [1, V]
-            rows, row_of = [0], [0]
+            out = drafter.forward([tree.tokens[fresh[0]]], n_logits=1, return_hidden=keep_hidden)  # [1, V]
         else:
-            # Paths with the same prefix have the same next law: feed each distinct prefix once (i.i.d. draws from
-            # a confident draft often coincide), and give every path its prefix's row and cache position.
-            rows, row_of = distinct_prefixes(paths)
             parents = [positions[k][-1] if positions[k] else start - 1 for k in rows]  # each prefix's last token
-            out = drafter.forward([last[k] for k in rows], n_logits=len(rows), parents=parents)  # [rows, V]
+            out = drafter.forward([tree.tokens[node] for node in fresh], n_logits=len(rows),
+                                  parents=parents)  # [rows, V]
         forwards, fed = forwards + 1, fed + len(rows)
         offsets = processors.rows([paths[k] for k in rows]) if processors is not None else None  # row j: rows[j]
         if len(rows) == n_paths:  # row k is path k's: the laws go straight into q
@@ -140,6 +158,7 @@ def draft_paths(
         for k, path in enumerate(paths):
             positions[k].append(start + row_of[k])
             path.append(draw(q_depth[k], sampling, generator))
+        fresh = tree.grow([path[-1] for path in paths])
         hidden = out.hidden[0] if keep_hidden else None
         if hidden is not None:
             hiddens.append(hidden)
@@ -148,44 +167,9 @@ def draft_paths(
     decisions = [stop_rule.accepts(score) for score in scores] if stop_rule is not None else []
     drafted = forwards  # one depth per forward; fewer than γ where drafting stopped early
     q = q[:, :drafted] if n_paths == 1 or drafted == gamma else q[:, :drafted].contiguous()
-    return DraftBlock(paths, q, positions, forwards, fed, scores, decisions, hiddens)
-
-
-def distinct_prefixes(paths: list[list[int]]) -> tuple[list[int], list[int]]:
-    """Return the first path of each distinct prefix among `paths` (in path order) and, for each path, the index of
-    its prefix in that list."""
-    first: dict[tuple[int, ...], int] = {}
-    row_of = [first.setdefault(tuple(path), len(first)) for path in paths]
-    rows = [row_of.index(row) for row in range(len(first))]
-    return rows, row_of
-
-
-@dataclass
-class PrefixTree:
-    """The distinct nodes of K paths merged by common prefix, in breadth-first order."""
-
-    tokens: list[int]  # [N] token of each node
-    parents: list[int]  # [N] parent node index, -1 for children of the root (the last committed token)
-    node_of: list[list[int]]  # [K][γ'] node index of path k's i-th token
-
-    @property
-    def is_chain(self) -> bool:
-        """Return whether the tree is one path (K = 1): its nodes then follow the committed tokens in order, so a
-        pass needs no tree attention, the nodes are the path's rows, and rolling back is moving a length. The one
-        place the K = 1 fast paths of `verispec.engine` are chosen."""
-        return len(self.node_of) == 1
+    return DraftBlock(paths, q, positions, forwards, fed, scores, decisions, hiddens, grown_tree=tree)
 
 
 def merge_paths(paths: list[list[int]]) -> PrefixTree:
     """Return the prefix tree of `paths` (identical prefixes share nodes; duplicate paths share all of them)."""
-    index: dict[tuple[int, ...], int] = {}
-    tree = PrefixTree([], [], [[] for _ in paths])
-    for depth in range(len(paths[0]) if paths else 0):
-        for k, path in enumerate(paths):
-            key = tuple(path[: depth + 1])
-            if key not in index:
-                index[key] = len(tree.tokens)
-                tree.tokens.append(path[depth])
-                tree.parents.append(index[key[:-1]] if depth else -1)
-            tree.node_of[k].append(index[key])
-    return tree
+    return PrefixTree.of(paths)

@@ -29,7 +29,7 @@ from verispec.diagnostics import RoundObserver, SprinterDiagnostics, record_rela
 from verispec.drafters import DraftRequest, make_drafter, round_length, uses_draft_model
 from verispec.drafters.adaptive import AdaptiveGamma
 from verispec.drafters.confidence import ConfidenceStop
-from verispec.drafting import DraftBlock, PrefixTree, StopRule, merge_paths
+from verispec.drafting import DraftBlock, PrefixTree, StopRule
 from verispec.errors import ConfigError
 from verispec.logprobs import TokenLogprob, log_laws, token_logprobs
 from verispec.methods import Method, MultiPathResult, get_method
@@ -39,7 +39,6 @@ from verispec.processors import LogitProcessors, RoundProcessors, RowOffsets, tr
 from verispec.sampling import SamplingConfig, adjust_logits, process_logits
 from verispec.trace import RoundTrace, Trace
 from verispec.verify import PathLaws, candidate_tree_verify
-from verispec.verify.relaxed import relaxed_verify
 
 __all__ = ["MULTIPATH_PATHS", "DecodeConfig", "DecodeOutput", "Engine", "ScoredBlock", "path_rows", "roll_back",
            "score_block", "tree_pass", "verify_block", "verify_paths"]
@@ -124,7 +123,7 @@ class Engine:
                 on_logprobs: Callable[[list[TokenLogprob]], None] | None, decoder: CausalLM,
                 draft_model: CausalLM | None, processors: LogitProcessors | None) -> DecodeOutput:
         """The loop of `decode`, with the models it chose (wrapped by `shared_cores`)."""
-        method = get_method(config.method)
+        method = config.decoding_method()  # the registered method, a lossy rule at the configured knobs
         drafter = make_drafter(config, draft_model)
         stop_rule = None
         observers: list[RoundObserver] = []
@@ -138,7 +137,6 @@ class Engine:
         lengths = AdaptiveGamma(config.gamma, sequences=self.load) if adaptive else None
         trace = Trace(prefill_tokens=len(prompt_ids))
         decoder_is_draft = method.decoder == "draft"
-        knobs = config.relaxed_knobs() if method.relaxed else None  # validated once, read every round
         for model in (decoder, draft_model):
             if model is not None:
                 model.reset()
@@ -183,13 +181,7 @@ class Engine:
                 trace.target_calls, trace.target_tokens = trace.target_calls + 1, trace.target_tokens + scored.fed
 
             # 3. Verify against the processed distributions actually sampled from.
-            if method.relaxed:  # the gates read the unprocessed target law p̃ (docs/algorithms.md §6.2)
-                p_gate = scored.per_path(scored.gate_law())
-                single, leaks = relaxed_verify(method.name, block.as_tensor()[0], block.q[0], scored.p[0],
-                                               p_gate[0], knobs, generator)
-                result = MultiPathResult(path=0, accepted=single.accepted, token=single.token)
-            else:
-                result = verify_block(method, block, scored, generator)
+            result = verify_block(method, block, scored, generator)
             t3 = time.perf_counter()
 
             # 4. Commit the accepted prefix of the chosen path and the extra token; cut at EOS, max_new_tokens.
@@ -216,7 +208,7 @@ class Engine:
                 model_gamma=model_gamma,
             )
             if method.relaxed:
-                record_relaxed(round_trace, block, scored.p, result.accepted, leaks)
+                record_relaxed(round_trace, block, scored.p, result.accepted, result.leaks)
             if observers:  # measurements outside the method: timed apart, kept out of time_total
                 t_diag = time.perf_counter()
                 for observer in observers:
@@ -352,7 +344,7 @@ def tree_pass(decoder: CausalLM, tokens: list[int], block: DraftBlock) -> tuple[
     a prefix tree (tree attention unless the tree is a chain); return (logits `[N+1, V]`: the root, then each tree
     node; the tree; the number of tokens fed). The cache must lack at least the last committed token."""
     base = len(tokens)
-    tree = merge_paths(block.tokens)
+    tree = block.tree  # the one the draft grew (or built from a lookup's candidates)
     new = tokens[decoder.cache_length :]
     prompt_rows = getattr(decoder, "prompt_rows", None)
     if prompt_rows is not None and len(new) > 1 and tree.tokens and len(new) + len(tree.tokens) > prompt_rows:
@@ -398,17 +390,25 @@ def path_rows(node_rows: torch.Tensor, tree: PrefixTree) -> torch.Tensor:
 def verify_block(method: Method, block: DraftBlock, scored: ScoredBlock, generator: torch.Generator) -> MultiPathResult:
     """Verify `block` against the law p `[K, γ'+1, V]` of its pass with `method`'s verifier (as `PathLaws` where
     the verifier reads p by row), except that fixed candidates (K > 1, not i.i.d.) go through the candidate-tree
-    rule whatever the multi-path method (docs/algorithms.md §6.1)."""
+    rule whatever the multi-path method (docs/algorithms.md §6.1). A lossy rule's gates also read the unprocessed
+    target law p̃ of the pass (docs/algorithms.md §6.2), and its result carries each position's leak."""
     if block.deterministic and method.multipath:
-        return candidate_tree_verify(block.as_tensor(), block.q, scored.p, generator)
+        return candidate_tree_verify(block.as_tensor(), block.q, scored.p, generator, scored.tree)
+    p_gate = scored.per_path(scored.gate_law()) if method.relaxed else None
     return verify_paths(method, block.as_tensor(), block.q, scored.laws if method.reads_rows else scored.p,
-                        generator)
+                        generator, p_gate, scored.tree)
 
 
 def verify_paths(method: Method, draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor | PathLaws,
-                 generator: torch.Generator) -> MultiPathResult:
-    """Run `method`'s verifier on K paths (`[K, γ]`, `[K, γ, V]`, `[K, γ+1, V]`); single-path ones see path 0."""
+                 generator: torch.Generator, p_gate: torch.Tensor | None = None,
+                 tree: PrefixTree | None = None) -> MultiPathResult:
+    """Run `method`'s verifier on K paths (`[K, γ]`, `[K, γ, V]`, `[K, γ+1, V]`); single-path ones see path 0.
+    `p_gate` `[K, γ+1, V]`: a lossy rule's unprocessed target law p̃ (None: p). `tree`: the paths' prefix tree, the
+    round's one (the multi-path verifiers walk it; None: they build it from `draft_tokens`)."""
     if method.multipath:
-        return method.verify(draft_tokens, q, p, generator)
+        return method.verify(draft_tokens, q, p, generator, tree=tree)
+    if method.relaxed:
+        gated = method.verify(draft_tokens[0], q[0], p[0], generator, p_gate=None if p_gate is None else p_gate[0])
+        return MultiPathResult(path=0, accepted=gated.accepted, token=gated.token, leaks=gated.leaks)
     result = method.verify(draft_tokens[0], q[0], p[0], generator)
     return MultiPathResult(path=0, accepted=result.accepted, token=result.token)

@@ -7,7 +7,7 @@ Every method runs through the one decode loop in `verispec.engine`; a method is 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ from verispec.verify import (
     traversal_verify,
     tree_walk_expected_accepted,
 )
-from verispec.verify.relaxed import rule_verifier
+from verispec.verify.relaxed import RelaxedKnobs, rule_verifier
 
 __all__ = ["METHODS", "Method", "MultiPathResult", "get_method"]
 
@@ -66,11 +66,17 @@ class Method:
     lossless: bool  # whether the output law equals the target's
     multipath: bool = False  # verify takes K paths ([K, γ], [K, γ, V], [K, γ+1, V]) and returns MultiPathResult
     learned_stop: bool = False  # the draft run ends at the learned verifier's first rejection or at the cap (§3.1)
-    relaxed: bool = False  # a lossy gate of verify/relaxed.py: the engine passes DecodeConfig's knobs and p̃
+    # a lossy gate of verify/relaxed.py: verify runs at the knobs `with_knobs` gives it, also takes p̃ (p_gate=)
+    # and returns each position's leak (RelaxedResult)
+    relaxed: bool = False
     reads_rows: bool = False  # verify reads few rows of p: the engine passes p as `PathLaws`, computed per row
     # Exact E[τ] of one round given the drafted block(s), the verifier's own randomness integrated out (same inputs
     # as `verify`); None where a method drafts no block or decides its length as it drafts (SPRINTER).
     expected_accepted: ExpectedAccepted | None = None
+
+    def with_knobs(self, knobs: RelaxedKnobs) -> Method:
+        """Return this method with its verifier at the lossy rules' `knobs` (itself for every other method)."""
+        return replace(self, verify=rule_verifier(self.name, knobs)) if self.relaxed else self
 
 
 METHODS: dict[str, Method] = {

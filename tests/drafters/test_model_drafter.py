@@ -8,6 +8,7 @@ import torch
 from verispec.drafting import draft_paths
 from verispec.models.tabular import TabularLM
 from verispec.sampling import SamplingConfig, process_logits
+from verispec.verify.tree import PrefixTree, build_prefix_tree
 
 CONTEXT = [0, 3]
 EOS = 5
@@ -56,3 +57,19 @@ def test_paths_that_share_a_prefix_share_its_draft_row_and_cache_position():
         shared += sum(n < 3 for n in prefixes)
         distinct += sum(n == 3 for n in prefixes)
     assert shared and distinct  # depths with shared and with distinct prefixes were both exercised
+
+
+def test_the_block_carries_the_prefix_tree_its_feeding_followed():
+    # One tree per round: the draft grows it as it draws, feeds its nodes breadth first (node n at cache position
+    # len(CONTEXT) + n), and hands it on in the block, where the target's pass and the verifiers read it.
+    draft = TabularLM(6, seed=2, sharpness=2.0)
+    for seed in range(20):
+        draft.reset()
+        block = draft_paths(draft, CONTEXT, 3, 4, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(seed),
+                            frozenset(), 6)
+        rebuilt = PrefixTree.of(block.tokens)
+        assert (block.tree.tokens, block.tree.parents, block.tree.node_of) == (rebuilt.tokens, rebuilt.parents,
+                                                                               rebuilt.node_of)
+        for k in range(3):
+            assert block.positions[k] == [len(CONTEXT) + node for node in block.tree.node_of[k][:-1]]
+        assert block.tree.by_prefix() == build_prefix_tree(block.as_tensor())

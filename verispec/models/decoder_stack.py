@@ -21,11 +21,14 @@ from verispec.errors import ConfigError
 from verispec.models.fused import FusedInt4, projection_runs
 from verispec.models.int4 import INCLUDES as INT4_INCLUDES
 from verispec.models.int4 import Int4Linear, Int8RowLinear, extension
+from verispec.models.query_attention import INCLUDES as ATTENTION_INCLUDES
 from verispec.native.build import load_native
 
 NATIVE = Path(__file__).resolve().parent.parent / "native"
-SOURCE = NATIVE / "decoder.cpp"
-INCLUDES = (NATIVE / "attention.cpp", NATIVE / "int4_linear.cpp", *INT4_INCLUDES)
+# The stack and the two kernels it calls, each compiled once and linked into one extension (the kernels' own
+# Python modules, int4_module.cpp and attention_module.cpp, are not part of it).
+SOURCES = (NATIVE / "decoder.cpp", NATIVE / "attention.cpp", NATIVE / "int4_linear.cpp")
+INCLUDES = (*ATTENTION_INCLUDES, *INT4_INCLUDES)
 
 
 @functools.cache
@@ -34,7 +37,7 @@ def stack_kernel(isa: str | None = None) -> Any | None:
     the layers' kernel runs), built once per machine; None where it cannot be built. Every level's stack gives the
     same bits."""
     try:
-        return load_native(SOURCE, "decoder", isa, includes=INCLUDES)
+        return load_native(SOURCES, "decoder", isa, includes=INCLUDES)
     except ConfigError:
         return None
 

@@ -36,8 +36,11 @@ PROMPT_ROWS = 64  # forwards over more tokens than this (prompts) run a layer's 
 # Off-grid layers with at most this many inputs run the kernel's 8-bit path (it sums in int32), wider ones fbgemm's.
 MAX_INT8_INPUTS = 1 << 16
 SOURCE = Path(__file__).resolve().parent.parent / "native" / "int4_linear.cpp"
-# Its instruction-set paths: AVX-512 VNNI, AMX tiles (8-bit passes), AVX2 / AVX-VNNI (256-bit).
-INCLUDES = tuple(SOURCE.parent / name for name in ("int4_avx512.h", "int4_amx.h", "int4_avx2.h"))
+# The kernel and its Python module, each compiled once and linked.
+SOURCES = (SOURCE, SOURCE.parent / "int4_module.cpp")
+# The header they share and the kernel's instruction-set paths: AVX-512 VNNI, AMX tiles (8-bit passes), AVX2 /
+# AVX-VNNI (256-bit).
+INCLUDES = tuple(SOURCE.parent / name for name in ("int4_linear.h", "int4_avx512.h", "int4_amx.h", "int4_avx2.h"))
 # How describe() names each instruction-set level the kernel is compiled for (verispec.native.cpu).
 ISA_NAMES = {"avx512-vnni": "AVX-512 VNNI", "avx-vnni": "AVX-VNNI (256-bit)", "avx2": "AVX2",
              "portable": "portable C++ (slow: no AVX2 here)"}
@@ -46,7 +49,7 @@ ISA_NAMES = {"avx512-vnni": "AVX-512 VNNI", "avx-vnni": "AVX-VNNI (256-bit)", "a
 def extension(isa: str | None = None) -> Any:
     """Build (once per machine, source and level, cached) and return the 4-bit linear kernel's extension module for
     instruction-set level `isa` (verispec.native.cpu; None: the best this CPU runs, or $VERISPEC_ISA)."""
-    return load_native(SOURCE, "int4", isa, instead="Use --linear-backend int8 instead.", includes=INCLUDES)
+    return load_native(SOURCES, "int4", isa, instead="Use --linear-backend int8 instead.", includes=INCLUDES)
 
 
 def grid_4bit(weight: torch.Tensor, rel_tol: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:

@@ -15,7 +15,8 @@
 // The same passes' small per-token ops run here too (rotate_qk, rms_norm at the end of the file): in torch each is
 // several calls that cost more in dispatch than in arithmetic on a decode pass's few rows.
 
-#include <torch/extension.h>
+#include "attention.h"
+
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -183,7 +184,7 @@ void check_rotary_table(const torch::Tensor& cos, const torch::Tensor& sin, int6
               caller, ": cos and sin must be [tokens, dim] float32, contiguous");
 }
 
-// The attention core on raw pointers, for attend below and for verispec/native/decoder.cpp (which includes this file):
+// The attention core on raw pointers, for attend below and for verispec/native/decoder.cpp (declared in attention.h):
 // query h of token i at qp + h * qs_head + i * qs_token, key (value) j of key-value head g at kp + g * ks_head +
 // j * ks_row (vp, vs_head, vs_row); output row i, head h at op + (i * heads + h) * D. `visible` [T, S] or null
 // (causal after the cached S - T).
@@ -316,14 +317,3 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   rms_norm_rows(input.data_ptr<float>(), rows, H, w.data_ptr<float>(), eps, out.data_ptr<float>());
   return out;
 }
-
-#ifndef VERISPEC_NO_MODULE  // decoder.cpp includes this file and defines its own module
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows, each on its own", py::arg("x"), py::arg("weight"),
-        py::arg("eps"));
-  m.def("rotate_qk", &rotate_qk, "rotary position embedding of q and k in place, bit-identical to torch's ops",
-        py::arg("q"), py::arg("k"), py::arg("cos"), py::arg("sin"));
-  m.def("attend", &attend, "attention one query at a time, independent of the call's other queries",
-        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask") = py::none(), py::arg("scale"));
-}
-#endif

@@ -15,13 +15,14 @@ from verispec.native.cpu import best_isa, isa_flags
 
 
 @functools.cache
-def load_native(source: Path, name: str, isa: str | None = None, instead: str = "",
+def load_native(sources: Path | tuple[Path, ...], name: str, isa: str | None = None, instead: str = "",
                 extra_flags: tuple[str, ...] = (), includes: tuple[Path, ...] = ()) -> Any:
-    """Build (once, cached) and return the torch extension module compiled from `source` for instruction-set level
-    `isa` (see verispec.native.cpu; None: the best this CPU runs, or $VERISPEC_ISA). A level the CPU cannot run, or
-    a failed build, raises ConfigError; the latter names the source, the first compiler error and `instead` (what
-    the user can run without it). `extra_flags`: more compiler flags. `includes`: the sources `source` includes
-    (their text is part of the cache key, so that editing one rebuilds)."""
+    """Build (once, cached) and return the torch extension module linked from `sources` (one translation unit
+    each, compiled once) for instruction-set level `isa` (see verispec.native.cpu; None: the best this CPU runs, or
+    $VERISPEC_ISA). A level the CPU cannot run, or a failed build, raises ConfigError; the latter names the sources,
+    the first compiler error and `instead` (what the user can run without it). `extra_flags`: more compiler flags.
+    `includes`: the headers the sources include (their text is part of the cache key with every source's, so that
+    editing any one rebuilds)."""
     from torch.utils import cpp_extension  # imported here: it pulls in the compiler tooling
 
     from verispec.models.cache import cache_dir
@@ -35,7 +36,9 @@ def load_native(source: Path, name: str, isa: str | None = None, instead: str = 
     # torch.set_num_threads governs the kernels and no second pool spins. -fvisibility=hidden: where one process
     # loads a source's builds for several levels (tests, benchmarks), each calls its own functions.
     flags = ["-O3", *isa_flags(level), "-ffp-contract=off", "-fvisibility=hidden", "-fopenmp", *extra_flags]
-    text = source.read_bytes() + b"".join(path.read_bytes() for path in includes)
+    sources = (sources,) if isinstance(sources, Path) else tuple(sources)
+    # Every file's name and text: a source added, removed, renamed or edited is another build.
+    text = b"".join(path.name.encode() + b"\0" + path.read_bytes() for path in (*sources, *includes))
     tag = hashlib.sha256(text + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:12]
     # The level and a digest of the flags name the module and its folder: a cache copied from another machine is
     # only reused where the same level's same flags were asked for, i.e. where this CPU runs that code.
@@ -44,12 +47,13 @@ def load_native(source: Path, name: str, isa: str | None = None, instead: str = 
     build = cache_dir() / "native" / f"{name}-{level}-{tag}"
     build.mkdir(parents=True, exist_ok=True)
     try:
-        return cpp_extension.load(name=module, sources=[str(source)], build_directory=str(build), extra_cflags=flags,
-                                  verbose=False)
+        return cpp_extension.load(name=module, sources=[str(path) for path in sources], build_directory=str(build),
+                                  extra_cflags=flags, verbose=False)
     except (RuntimeError, OSError, ImportError) as e:
         lines = str(e).splitlines()
         reason = next((line for line in lines if "error" in line.lower()), lines[-1] if lines else repr(e))
         raise ConfigError(
-            f"verispec needs a C++ compiler (g++) and ninja to build its kernel once ({source.name} into {build}); "
+            f"verispec needs a C++ compiler (g++) and ninja to build its kernel once "
+            f"({', '.join(path.name for path in sources)} into {build}); "
             f"the build failed: {reason.strip()}" + (f" {instead}" if instead else "")
         ) from e

@@ -6,17 +6,17 @@
 // fifth of the target's. Here a layer is those same steps on raw buffers: RMSNorm, the q/k/v projections, the rotary
 // embedding, the write of the new keys and values into the cache, attention, the output projection and residual, the
 // second norm, gate and up, SiLU(gate) * up, the down projection and residual. Every step is the code the decoder
-// loop's per-step calls run (this file includes the two kernels' sources), SiLU and its product run through ATen as
-// the loop runs them, and the residual adds round as torch's do, so the hidden states are bit-identical to the loop's
+// loop's per-step calls run (the extension links this file with the two kernels' own translation units,
+// attention.cpp and int4_linear.cpp, declared in their headers), SiLU and its product run through ATen as the loop
+// runs them, and the residual adds round as torch's do, so the hidden states are bit-identical to the loop's
 // (tested); each token's outputs therefore stay independent of the call's other tokens.
 //
 // A projection is a list of parts, each a 4-bit (packed uint8) or 8-bit (packed int8, per-row scale and weight sums)
 // linear, whose outputs lie side by side in the projection's output row (q, k and v; gate and up).
 #include <torch/extension.h>
 
-#define VERISPEC_NO_MODULE  // the included kernels' own module definitions are left out
-#include "attention.cpp"
-#include "int4_linear.cpp"
+#include "attention.h"
+#include "int4_linear.h"
 
 #include <cstring>
 #include <tuple>

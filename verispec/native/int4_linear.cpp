@@ -23,7 +23,8 @@
 // The integer sum runs over all inputs at once, so there is no per-group float work; vpdpbusd takes the activations
 // as unsigned bytes (int8 + 128) and the weights as signed ones, and 128 x the row's weight sum is taken off after.
 // Packed: [quad][chunk of 32 inputs][block][8 vectors of 64 bytes], byte (p, j, b) = w[j][4p + b] (j: row in block).
-#include <torch/extension.h>
+#include "int4_linear.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -46,14 +47,9 @@
 
 namespace {
 
-constexpr int kRows = 16;      // output rows per block (one 512-bit vector of int32 / float32)
-constexpr int kGroup = 32;     // inputs per group (one scale and offset)
 constexpr int kTile = 8;       // tokens per register tile
 constexpr int kSuper = 64;     // tokens whose activations stay in cache while every block of weights passes
-constexpr int kQuad = 4;       // blocks stored interleaved, group by group: one sequential stream per thread
-constexpr int kCell = 320;     // bytes per block and group: 256 of weights, 32 of scales, 32 of offsets
 constexpr int64_t kQuadGroup = kQuad * kCell;
-constexpr int kCell8 = 512;    // int8 weights: bytes per block and chunk of 32 inputs
 constexpr int64_t kQuadChunk8 = kQuad * kCell8;
 constexpr int64_t kPrefetch = 16384;  // bytes ahead of the weights in use that are asked into L2
 
@@ -221,8 +217,8 @@ void check_x_and_bias(const torch::Tensor& x, const torch::Tensor& bias, int64_t
 
 }  // namespace
 
-// The 4-bit and 8-bit linears' cores on raw rows, for the checked entry points below and for verispec/native/decoder.cpp (which
-// includes this file): x [T, K] float32 contiguous; out[t * ldo + n] receives output n of token t.
+// The 4-bit and 8-bit linears' cores on raw rows, for the checked entry points below and for verispec/native/decoder.cpp
+// (declared in int4_linear.h): x [T, K] float32 contiguous; out[t * ldo + n] receives output n of token t.
 void linear_rows(const float* x, int64_t T, int64_t K, const uint8_t* pk, int64_t NQ, const float* bs, float* out,
                  int64_t ldo) {
   if (T == 0) return;
@@ -346,16 +342,3 @@ int64_t parallel_threads() {
   });
   return most.load();
 }
-
-#ifndef VERISPEC_NO_MODULE  // decoder.cpp includes this file and defines its own module
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear, "4-bit-weight, per-token int8-activation linear");
-  m.def("linear8", &linear8, "int8-weight (per-row scale), per-token int8-activation linear");
-  m.def("isa", &isa, "the instruction-set level this module was compiled for");
-  m.def("vnni", &vnni, "whether this build's integer products run on vpdpbusd (AVX-512 VNNI or AVX-VNNI)");
-  m.def("amx", &amx, "whether 8-bit passes of several tokens run on AMX tiles");
-  m.def("amx_min_tokens", &amx_min_tokens, "the fewest tokens a pass on AMX tiles takes");
-  m.def("set_amx", &set_amx, "turn the AMX tile path on or off", py::arg("on"), py::arg("min_tokens") = 0);
-  m.def("parallel_threads", &parallel_threads, "the most threads one parallel region of this build ran on");
-}
-#endif

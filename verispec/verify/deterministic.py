@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from verispec.verify.multipath import nss_node_law, tree_walk, tree_walk_expected_accepted, tree_walk_law
-from verispec.verify.tree import MultiPathResult
+from verispec.verify.tree import MultiPathResult, PrefixTree
 
 
 def candidate_tree_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> dict[MultiPathResult, float]:
@@ -30,7 +30,9 @@ def candidate_tree_expected_accepted(draft_tokens: torch.Tensor, q: torch.Tensor
 
 
 def candidate_tree_verify(
-    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
+    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None,
+    tree: PrefixTree | None = None,
 ) -> MultiPathResult:
-    """Verify fixed candidates by sample-and-match; return (path, accepted τ, extra token). Visits ≤ γ+1 nodes."""
-    return tree_walk(nss_node_law, draft_tokens, q, p, generator)
+    """Verify fixed candidates by sample-and-match; return (path, accepted τ, extra token). Visits ≤ γ+1 nodes.
+    `tree`: the candidates' `PrefixTree` where the caller has it (the round's, built once), else built here."""
+    return tree_walk(nss_node_law, draft_tokens, q, p, generator, tree)

@@ -16,7 +16,7 @@ import torch
 from verispec.native.laws import law_kernel
 from verispec.verify.block import block_verify_law
 from verispec.verify.common import MIN_DRAFT_PROB, BlockLaw, draw
-from verispec.verify.tree import MultiPathResult, PathLaws, build_prefix_tree, check_paths_shapes
+from verispec.verify.tree import MultiPathResult, PathLaws, PrefixTree, build_prefix_tree, check_paths_shapes
 
 # A token is ranked by its ratio key when its draft probability at the node is at least
 # min(RANKED_MIN_Q, RANKED_MIN_SHARE · max_t q(t|u)); every other token ranks below all ranked ones, in token-id order
@@ -165,25 +165,26 @@ def node_step(p_u: torch.Tensor, q_u: torch.Tensor, children: Sequence[int], mas
 
 def gbv_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor | PathLaws,
                    min_q: float = RANKED_MIN_Q, min_share: float = RANKED_MIN_SHARE,
-                   use_kernel: bool = True) -> tuple[int, BlockLaw]:
+                   use_kernel: bool = True, tree: PrefixTree | None = None) -> tuple[int, BlockLaw]:
     """Return (k, law): the selected path k and the exact law of BV on it with q := q_skew (§2.4).
 
     draft_tokens: [K, γ] long; q: [K, γ, V]; p: [K, γ+1, V] (the contract of `verispec.verify.tree`), dense or as
     `PathLaws`: only the γ+1 rows of the selected path are read.
     `law.q` holds q_skew along the selected path; the kept prefix is draft_tokens[k, :τ]. min_q, min_share: which
     tokens the order ranks by ratio (`node_order`; min_q = 0: all of them). use_kernel=False: the torch reference
-    only, for every vocabulary-wide step (the kernel computes the same law; tests compare the two).
+    only, for every vocabulary-wide step (the kernel computes the same law; tests compare the two). `tree`: these
+    paths' `PrefixTree` where the caller has it (the round's, built once), else built here.
     """
     check_paths_shapes(draft_tokens, q, p)
     laws = p if isinstance(p, PathLaws) else PathLaws.of(p)
     q = q.to(torch.float64)
     k, gamma = draft_tokens.shape  # duplicate paths still count: K is the number of draws (§2.6)
-    tree = build_prefix_tree(draft_tokens)
+    nodes = build_prefix_tree(draft_tokens, tree)
     prefix: tuple[int, ...] = ()
     mass_a, mass_x = 0.0, 1.0  # §2.3: A_root = 0, x_root = 1
     q_skew = torch.empty(gamma, q.shape[-1], dtype=torch.float64, device=q.device)  # [γ, V]
     for depth in range(gamma):
-        node = tree[prefix]
+        node = nodes[prefix]
         q_u, p_u = q[node.path, depth], laws.row(node.path, depth)  # [V], [V]
         # Step B (the skew) and Step A (greedy descent over the distinct children) by one order (§2.2)
         child, below = node_step(p_u, q_u, list(node.children), mass_a, mass_x, k, min_q, min_share, q_skew[depth],
@@ -191,19 +192,20 @@ def gbv_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor 
         # §2.3: A_child = A_parent + x_parent·CDF(strictly below child); x_child = x_parent·q(child|parent).
         mass_a, mass_x = mass_a + mass_x * below, mass_x * float(q_u[child])
         prefix += (child,)
-    chosen = tree[prefix].path
+    chosen = nodes[prefix].path
     law = block_verify_law(draft_tokens[chosen], q_skew, laws.path(chosen), use_kernel)  # Step C: BV, q := q_skew
     return chosen, law
 
 
 def gbv_verify(
-    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor | PathLaws, generator: torch.Generator | None = None
+    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor | PathLaws, generator: torch.Generator | None = None,
+    tree: PrefixTree | None = None,
 ) -> MultiPathResult:
     """Verify K draft paths with greedy multi-path block verification; return (path, accepted τ, extra token).
 
     draft_tokens: [K, γ]; q: [K, γ, V]; p: [K, γ+1, V]. The extra token is the BV residual norm((w_τ·p − q_skew)_+)
-    at τ < γ, or the bonus from p at the selected leaf (§2.5).
+    at τ < γ, or the bonus from p at the selected leaf (§2.5). `tree`: as `gbv_verify_law`'s.
     """
-    chosen, law = gbv_verify_law(draft_tokens, q, p)
+    chosen, law = gbv_verify_law(draft_tokens, q, p, tree=tree)
     result = draw(law, generator)
     return MultiPathResult(path=chosen, accepted=result.accepted, token=result.token)

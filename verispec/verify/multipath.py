@@ -17,7 +17,7 @@ import torch
 
 from verispec.sampling import sample
 from verispec.verify.common import MIN_DRAFT_PROB, positive_residual
-from verispec.verify.tree import MultiPathResult, build_prefix_tree, check_paths_shapes
+from verispec.verify.tree import MultiPathResult, PrefixTree, build_prefix_tree, check_paths_shapes
 
 # A per-node law: (draws, p_u [V], q_u [V]) -> [V], the exact law of the token a per-node solver emits given the
 # node's children `draws` (one per path through the node, in path order, duplicates included). Averaged over i.i.d.
@@ -165,12 +165,14 @@ def tree_walk(
     q: torch.Tensor,
     p: torch.Tensor,
     generator: torch.Generator | None = None,
+    tree: PrefixTree | None = None,
 ) -> MultiPathResult:
-    """Return one outcome of the walk of `tree_walk_law`, drawn node by node (visits ≤ γ+1 nodes)."""
+    """Return one outcome of the walk of `tree_walk_law`, drawn node by node (visits ≤ γ+1 nodes). `tree`: the
+    paths' `PrefixTree` where the caller has it (the round's, built once), else built here."""
     check_paths_shapes(draft_tokens, q, p)
     p, q = p.to(torch.float64), q.to(torch.float64)
     gamma = draft_tokens.shape[1]
-    tree = build_prefix_tree(draft_tokens)
+    tree = build_prefix_tree(draft_tokens, tree)
     prefix: tuple[int, ...] = ()
     while True:
         node = tree[prefix]
@@ -187,21 +189,24 @@ NODE_LAWS: dict[str, NodeLaw] = {"nss": nss_node_law, "specinfer": specinfer_nod
 
 
 def nss_verify(
-    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
+    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None,
+    tree: PrefixTree | None = None,
 ) -> MultiPathResult:
     """Verify K paths with naive speculative sampling (§2.9); return (path, accepted τ, extra token)."""
-    return tree_walk(nss_node_law, draft_tokens, q, p, generator)
+    return tree_walk(nss_node_law, draft_tokens, q, p, generator, tree)
 
 
 def specinfer_verify(
-    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
+    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None,
+    tree: PrefixTree | None = None,
 ) -> MultiPathResult:
     """Verify K paths with SpecInfer's recursive rejection sampling (§2.9); return (path, accepted τ, extra token)."""
-    return tree_walk(specinfer_node_law, draft_tokens, q, p, generator)
+    return tree_walk(specinfer_node_law, draft_tokens, q, p, generator, tree)
 
 
 def spectr_verify(
-    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
+    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None,
+    tree: PrefixTree | None = None,
 ) -> MultiPathResult:
     """Verify K paths with SpecTr's K-SEQ at every node (§2.9); return (path, accepted τ, extra token)."""
-    return tree_walk(spectr_node_law, draft_tokens, q, p, generator)
+    return tree_walk(spectr_node_law, draft_tokens, q, p, generator, tree)

@@ -31,7 +31,7 @@ is exact. FLy's gate depends on the tokens drafted after x_i: see `fly_verify_la
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -216,13 +216,24 @@ def relaxed_verify(rule: str, draft_tokens: torch.Tensor, q: torch.Tensor, p: to
     return draw(law, generator), leaks
 
 
-def rule_verifier(rule: str):
-    """Return `rule` as a plain verifier (draft_tokens, q, p, generator) at the default knobs with p̃ = p, for code
-    that has only processed distributions (the engine passes the configured knobs and the unprocessed p̃)."""
+@dataclass(frozen=True)
+class RelaxedResult(VerifyResult):
+    """A lossy rule's outcome: τ and the extra token, and the leak ε of each drafted position (`relaxed_law`)."""
 
-    def verify(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
-               generator: torch.Generator | None = None) -> VerifyResult:
-        return relaxed_verify(rule, draft_tokens, q, p, p, RelaxedKnobs(), generator)[0]
+    leaks: list[float] = field(default_factory=list)
+
+
+def rule_verifier(rule: str, knobs: RelaxedKnobs = RelaxedKnobs()):
+    """Return `rule` at `knobs` as the method's verifier: (draft_tokens [γ], q [γ, V], p [γ+1, V], generator,
+    p_gate [γ+1, V] or None) -> RelaxedResult. p_gate is the unprocessed target law p̃ the gates read; None reads p,
+    which p̃ equals at temperature 1 without top-k / top-p. The registry holds each rule at the default knobs;
+    `Method.with_knobs` (from `DecodeConfig.decoding_method`) gives it the configured ones."""
+
+    def verify(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None,
+               p_gate: torch.Tensor | None = None) -> RelaxedResult:
+        result, leaks = relaxed_verify(rule, draft_tokens, q, p, p if p_gate is None else p_gate, knobs, generator)
+        return RelaxedResult(result.accepted, result.token, leaks)
 
     verify.__name__ = f"{rule}_verify"
+    verify.knobs = knobs  # type: ignore[attr-defined]  # what this verifier runs with, for a reader of the method
     return verify

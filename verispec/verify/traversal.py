@@ -15,7 +15,7 @@ import torch
 
 from verispec.sampling import sample
 from verispec.verify.common import MIN_DRAFT_PROB, positive_residual
-from verispec.verify.tree import MultiPathResult, build_prefix_tree, check_paths_shapes
+from verispec.verify.tree import MultiPathResult, PrefixTree, build_prefix_tree, check_paths_shapes
 
 
 @dataclass
@@ -40,7 +40,7 @@ def _reweigh(nodes: dict[tuple[int, ...], _Node], prefix: tuple[int, ...]) -> No
 
 
 def leaf_visits(
-    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor
+    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, tree: PrefixTree | None = None
 ) -> Iterator[tuple[tuple[int, ...], _Node, float]]:
     """Yield (leaf prefix, its node, acceptance probability) for the leaves traversal visits, in order (§2.9 steps
     2-4); resuming the iterator means the leaf was rejected, and deletes it and updates its parent first. The chain
@@ -49,7 +49,7 @@ def leaf_visits(
     check_paths_shapes(draft_tokens, q, p)
     p, q = p.to(torch.float64), q.to(torch.float64)
     gamma = draft_tokens.shape[1]
-    tree = build_prefix_tree(draft_tokens)
+    by_prefix = build_prefix_tree(draft_tokens, tree)  # `tree`: the round's, where the caller has it
     nodes = {
         prefix: _Node(
             path=node.path,
@@ -57,7 +57,7 @@ def leaf_visits(
             q=q[node.path, node.depth].clone() if node.depth < gamma else p.new_zeros(0),
             children=list(node.children),
         )
-        for prefix, node in tree.items()
+        for prefix, node in by_prefix.items()
     }
     _reweigh(nodes, ())
     while True:
@@ -126,14 +126,16 @@ def after_rejection(
 
 
 def traversal_verify(
-    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
+    draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None,
+    tree: PrefixTree | None = None,
 ) -> MultiPathResult:
     """Verify K paths with traversal verification (§2.9); return (path, accepted τ, extra token).
 
     It walks the chain of `leaf_visits` that `traversal_verify_law` sums, with one coin per leaf and one draw from
-    the accepted leaf's p: the same law, without enumerating the vocabulary at every leaf.
+    the accepted leaf's p: the same law, without enumerating the vocabulary at every leaf. `tree`: these paths'
+    `PrefixTree` where the caller has it (the round's, built once), else built here.
     """
-    for leaf, node, accept in leaf_visits(draft_tokens, q, p):
+    for leaf, node, accept in leaf_visits(draft_tokens, q, p, tree):
         if accept >= 1.0 or float(torch.rand((), generator=generator, dtype=torch.float64)) < accept:
             return MultiPathResult(path=node.path, accepted=len(leaf), token=sample(node.p, generator))
     raise AssertionError("the traversal chain ends with an acceptance")  # leaf_visits ends at accept = 1

@@ -12,8 +12,8 @@ A verifier that reads only a few of those rows (GBV reads the γ+1 of the path i
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,6 +27,7 @@ class MultiPathResult:
     path: int  # index k of a path whose first `accepted` tokens were kept
     accepted: int  # τ: number of draft tokens kept (0..γ)
     token: int  # the correction token (τ < γ, or a token off every path) or the bonus token (τ = γ)
+    leaks: list[float] | None = None  # a lossy rule's leak ε per drafted position (verify/relaxed.py), else None
 
 
 @dataclass(frozen=True)
@@ -43,25 +44,88 @@ class TreeNode:
         return Counter(self.draws)
 
 
-# The verifiers' view of the prefix tree: prefix (a token tuple) -> node, the root is (). The model's view, the nodes
-# in the order a tree-attention pass feeds them, is `verispec.drafting.PrefixTree`.
+# The verifiers' view of the prefix tree: prefix (a token tuple) -> node, the root is (), parents before their children
+# (`PrefixTree.by_prefix`).
 NodesByPrefix = dict[tuple[int, ...], TreeNode]
 
 
-def build_prefix_tree(draft_tokens: torch.Tensor) -> NodesByPrefix:
-    """Return the prefix tree of the K paths `[K, γ]`: identical prefixes merge into one node (§2.1)."""
+@dataclass
+class PrefixTree:
+    """K paths merged by common prefix (§2.1): identical prefixes share a node, duplicate paths share all of theirs.
+
+    Built once per round, a depth at a time as the draft draws (`grow`), and read by all three users: the draft feeds
+    each depth's new nodes in one forward, the target's pass feeds every node under the tree mask `parents` gives,
+    and the multi-path verifiers walk it by prefix (`by_prefix`). Nodes are numbered breadth first, within a depth in
+    the order of the first path through each: the order both caches hold them in.
+    """
+
+    tokens: list[int] = field(default_factory=list)  # [N] token of each node
+    parents: list[int] = field(default_factory=list)  # [N] parent node index, -1 for children of the root
+    node_of: list[list[int]] = field(default_factory=list)  # [K][γ'] node index of path k's i-th token
+    # (parent node, token) -> node: where a path's next token already has a node
+    _children: dict[tuple[int, int], int] = field(default_factory=dict, repr=False, compare=False)
+    _by_prefix: NodesByPrefix | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, paths: Sequence[Sequence[int]]) -> PrefixTree:
+        """Return the tree of `paths` (equal lengths), grown a depth at a time."""
+        tree = cls(node_of=[[] for _ in paths])
+        for depth in range(len(paths[0]) if paths else 0):
+            tree.grow([int(path[depth]) for path in paths])
+        return tree
+
+    def grow(self, next_tokens: Sequence[int]) -> list[int]:
+        """Extend every path k by `next_tokens[k]`; return the nodes this added, in order (one per distinct new
+        prefix: what the draft feeds at this depth)."""
+        assert len(next_tokens) == len(self.node_of), f"{len(next_tokens)} tokens for {len(self.node_of)} paths"
+        self._by_prefix = None
+        added = []
+        for nodes, token in zip(self.node_of, next_tokens, strict=True):
+            key = (nodes[-1] if nodes else -1, token)
+            if key not in self._children:
+                self._children[key] = len(self.tokens)
+                self.tokens.append(token)
+                self.parents.append(key[0])
+                added.append(self._children[key])
+            nodes.append(self._children[key])
+        return added
+
+    @property
+    def is_chain(self) -> bool:
+        """Return whether the tree is one path (K = 1): its nodes then follow the committed tokens in order, so a
+        pass needs no tree attention, the nodes are the path's rows, and rolling back is moving a length. The one
+        place the K = 1 fast paths of `verispec.engine` are chosen."""
+        return len(self.node_of) == 1
+
+    def paths(self) -> list[list[int]]:
+        """Return the K paths' tokens `[K][γ']`."""
+        return [[self.tokens[node] for node in nodes] for nodes in self.node_of]
+
+    def by_prefix(self) -> NodesByPrefix:
+        """Return the verifiers' view: each distinct prefix (the root () included) -> its depth, the lowest path
+        through it and the next token of every path through it, depth by depth (computed once)."""
+        if self._by_prefix is None:
+            paths = [tuple(path) for path in self.paths()]
+            gamma = len(paths[0]) if paths else 0
+            nodes: NodesByPrefix = {}
+            for depth in range(gamma + 1):
+                through: dict[tuple[int, ...], list[int]] = {}  # prefix -> indices of the paths through it, in order
+                for k, path in enumerate(paths):
+                    through.setdefault(path[:depth], []).append(k)
+                for prefix, ks in through.items():
+                    draws = tuple(paths[k][depth] for k in ks) if depth < gamma else ()
+                    nodes[prefix] = TreeNode(depth=depth, path=ks[0], draws=draws)
+            self._by_prefix = nodes
+        return self._by_prefix
+
+
+def build_prefix_tree(draft_tokens: torch.Tensor, tree: PrefixTree | None = None) -> NodesByPrefix:
+    """Return the prefix tree of the K paths `[K, γ]` by prefix: identical prefixes merge into one node (§2.1).
+    `tree`: the round's tree of these paths, when the caller has it (the engine's: built once as the draft drew)."""
     assert draft_tokens.dim() == 2, f"draft_tokens must be [K, gamma], got {tuple(draft_tokens.shape)}"
-    paths = [tuple(row) for row in draft_tokens.tolist()]
-    gamma = draft_tokens.shape[1]
-    tree: NodesByPrefix = {}
-    for depth in range(gamma + 1):
-        through: dict[tuple[int, ...], list[int]] = {}  # prefix -> indices of the paths through it, in order
-        for k, path in enumerate(paths):
-            through.setdefault(path[:depth], []).append(k)
-        for prefix, ks in through.items():
-            draws = tuple(paths[k][depth] for k in ks) if depth < gamma else ()
-            tree[prefix] = TreeNode(depth=depth, path=ks[0], draws=draws)
-    return tree
+    if tree is None:
+        tree = PrefixTree.of(draft_tokens.tolist())
+    return tree.by_prefix()
 
 
 class PathLaws:

@@ -1,0 +1,13 @@
+// The int4 extension's Python functions (verispec/models/int4.py builds this with int4_linear.cpp).
+#include "int4_linear.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear", &linear, "4-bit-weight, per-token int8-activation linear");
+  m.def("linear8", &linear8, "int8-weight (per-row scale), per-token int8-activation linear");
+  m.def("isa", &isa, "the instruction-set level this module was compiled for");
+  m.def("vnni", &vnni, "whether this build's integer products run on vpdpbusd (AVX-512 VNNI or AVX-VNNI)");
+  m.def("amx", &amx, "whether 8-bit passes of several tokens run on AMX tiles");
+  m.def("amx_min_tokens", &amx_min_tokens, "the fewest tokens a pass on AMX tiles takes");
+  m.def("set_amx", &set_amx, "turn the AMX tile path on or off", py::arg("on"), py::arg("min_tokens") = 0);
+  m.def("parallel_threads", &parallel_threads, "the most threads one parallel region of this build ran on");
+}
