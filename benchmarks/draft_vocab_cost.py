@@ -24,10 +24,10 @@ from typing import Any
 import torch
 
 from verispec.api import Decoder
-from verispec.bench.datasets import load_prompts
 from verispec.bench.files import write_atomically
 from verispec.engine import DecodeConfig, Engine
 from verispec.models.loading import load_model
+from verispec.prompt_sets import load_prompts
 
 
 def median_forward_seconds(model: Any, ids: list[int], repeats: int) -> float:

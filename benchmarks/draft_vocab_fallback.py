@@ -38,9 +38,9 @@ import numpy as np
 import torch
 
 from verispec.bench.files import write_atomically
-from verispec.drafters.vocab import load_ranking, reduced_vocabulary, special_token_ids
 from verispec.models.loading import load_model
 from verispec.models.pair import encode_prompt
+from verispec.models.vocab import load_ranking, reduced_vocabulary, special_token_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from draft_vocab_support import ar_answers  # noqa: E402  (a sibling script: the same answers)

@@ -26,10 +26,10 @@ import torch
 
 from verispec.bench.archive import restore_prompts
 from verispec.bench.files import write_atomically
-from verispec.drafters.vocab import load_ranking, reduced_vocabulary, special_token_ids
 from verispec.drafters.vocab_answers import teacher_forced_probs
 from verispec.models.loading import load_model
 from verispec.models.pair import encode_prompt
+from verispec.models.vocab import load_ranking, reduced_vocabulary, special_token_ids
 
 
 def ar_answers(path: str, limit: int, skip: frozenset[str] = frozenset()) -> list[dict[str, Any]]:

@@ -42,8 +42,8 @@ import torch
 
 import verispec.engine
 from verispec.api import Decoder
-from verispec.bench.datasets import load_prompts
 from verispec.bench.files import write_atomically
+from verispec.prompt_sets import load_prompts
 from verispec.stats import paired_speedup
 
 ARMS = ("on", "off")

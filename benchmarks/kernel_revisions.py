@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from verispec.bench.files import write_atomically
-from verispec.models.cache import cache_dir
+from verispec.cache import cache_dir
 from verispec.models.int4 import INCLUDES, SOURCE, Int4Linear, Int8RowLinear, extension, grid_4bit
 from verispec.native.build import load_native
 from verispec.provenance import provenance

@@ -116,7 +116,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         draft_linear_backend=args.draft_linear_backend,
     )
     if args.prompts:
-        from verispec.bench.datasets import read_source
+        from verispec.prompt_sets import read_source
 
         config.prompts = [prompt.text for prompt in read_source(args.prompts)]
     decoder, seconds = load_pair(args)

@@ -11,7 +11,6 @@ import torch
 
 from tests.verify.exact import expected_accepted, paths_inputs
 from verispec import Decoder
-from verispec.bench.datasets import Prompt
 from verispec.bench.fixed_blocks import (
     SCHEMA,
     FixedBlocksConfig,
@@ -25,6 +24,7 @@ from verispec.drafting import draft_paths
 from verispec.errors import ConfigError
 from verispec.methods import get_method
 from verispec.models.tabular import TabularLM
+from verispec.prompt_sets import Prompt
 from verispec.verify import block_verify_law, gbv_verify_law
 
 PROMPTS = [Prompt("a", "def add(a, b):", "code"), Prompt("b", "hello there", "chat")]

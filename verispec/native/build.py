@@ -24,7 +24,7 @@ def load_native(source: Path, name: str, isa: str | None = None, instead: str = 
     (their text is part of the cache key, so that editing one rebuilds)."""
     from torch.utils import cpp_extension  # imported here: it pulls in the compiler tooling
 
-    from verispec.models.cache import cache_dir
+    from verispec.cache import cache_dir
 
     level = isa or best_isa()
     # -ffp-contract=off: every float multiply and add is rounded as written (the kernels' fused ones are explicit
