@@ -146,6 +146,11 @@ class HFCausalLM(TreeCachedLM):
         return self.model.config
 
     @property
+    def generation_config(self) -> Any:
+        """The transformers generation config of the model (None when it has none)."""
+        return getattr(self.model, "generation_config", None)  # not every transformers model carries one
+
+    @property
     def context_length(self) -> int | None:
         """The positions the config says the model handles (`max_position_embeddings`), None when it does not."""
         positions = getattr(self.model.config, "max_position_embeddings", None)  # not every architecture states it

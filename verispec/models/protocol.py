@@ -40,6 +40,7 @@ class CausalLM(Protocol):
     device: torch.device  # where it computes (logits always come back on the CPU)
     config: Any  # its transformers config (layer and head counts: FLOPs, memory bounds), None when unknown
     tokenizer: Any  # its Hugging Face tokenizer, None for a model without one
+    generation_config: Any  # its transformers generation config (EOS ids beside the tokenizer's), None when unknown
     linear_backend: str  # the `--linear-backend` in effect ("torch" for a backend with no choice of linears)
     linear_kernel: str  # what runs its linears, as the outputs report it
     decoder_loop: str | None  # which decoder loop runs a transformers model; None: not a transformers model
@@ -88,6 +89,7 @@ class ModelDefaults:
     device: torch.device = torch.device("cpu")
     config: Any = None
     tokenizer: Any = None
+    generation_config: Any = None
     linear_backend: str = "torch"
     linear_kernel: str = "the backend's own"
     decoder_loop: str | None = None
