@@ -12,6 +12,7 @@ import torch
 
 from tests.models.test_llamacpp_backend import FakeLibrary
 from verispec.models import llamacpp, protocol
+from verispec.models.batched import ForwardBatcher, SlotLM
 from verispec.models.fastpath import LINEAR_BACKENDS, LINEAR_BUILDERS, apply_linear_backend, check_linear_backend
 from verispec.models.hf import HFCausalLM
 from verispec.models.protocol import CausalLM, ModelDefaults
@@ -45,7 +46,7 @@ def llamacpp_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> llamacpp.L
     return llamacpp.LlamaCppModel(gguf, "llama.cpp", vocab_size=60)
 
 
-BACKENDS = ["hf", "hf-reduced-head", "hf-int8", "tabular", "llamacpp", "threaded"]
+BACKENDS = ["hf", "hf-reduced-head", "hf-int8", "hf-slot", "tabular", "llamacpp", "threaded"]
 
 
 @pytest.fixture
@@ -60,6 +61,8 @@ def backend(request, tokenizer, monkeypatch, tmp_path):
         model = HFCausalLM(tiny_qwen2(vocab, seed=1, dtype=torch.float32), tokenizer)
         apply_linear_backend(model, "int8")
         return model
+    if name == "hf-slot":  # one sequence's view of a shared model in the server's batcher (not started here)
+        return SlotLM(HFCausalLM(tiny_qwen2(vocab, seed=1), tokenizer), ForwardBatcher(own_thread=False))
     if name == "tabular":
         return TabularLM(5, seed=0)
     if name == "llamacpp":

@@ -60,6 +60,7 @@ class LlamaCppModel(ModelDefaults):
     """
 
     own_thread_pool = True  # llama.cpp computes on its own threads: the engine keeps torch's quiet meanwhile
+    linear_backend = "llama.cpp"  # none of --linear-backend's: llama.cpp's own kernels for the GGUF's weights
 
     def __init__(self, path: str | Path, name: str, tokenizer: Any = None, vocab_size: int | None = None,
                  threads: int | None = None, context: int = DEFAULT_CONTEXT) -> None:

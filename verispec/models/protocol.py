@@ -41,7 +41,7 @@ class CausalLM(Protocol):
     config: Any  # its transformers config (layer and head counts: FLOPs, memory bounds), None when unknown
     tokenizer: Any  # its Hugging Face tokenizer, None for a model without one
     generation_config: Any  # its transformers generation config (EOS ids beside the tokenizer's), None when unknown
-    linear_backend: str  # the `--linear-backend` in effect ("torch" for a backend with no choice of linears)
+    linear_backend: str  # the `--linear-backend` in effect ("torch": transformers' own; "llama.cpp": llama.cpp's)
     linear_kernel: str  # what runs its linears, as the outputs report it
     decoder_loop: str | None  # which decoder loop runs a transformers model; None: not a transformers model
     # forwards over more than this many tokens run other kernels than decode passes (the int4 path's prompt copies),
