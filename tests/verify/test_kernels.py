@@ -48,8 +48,8 @@ def test_with_no_kernel_registered_the_rule_runs_its_torch_reference_and_counts_
 
 def test_a_registered_kernel_is_used_where_it_takes_the_tensors(monkeypatch):
     mass = TorchMass()
+    monkeypatch.setattr(kernels, "_finder", kernels._finder)  # the registered finder, restored after the test
     kernels.register_law_kernel(lambda *ts: mass if all(t.dtype == torch.float64 for t in ts) else None)
-    monkeypatch.setattr(kernels, "_finder", kernels._finder)  # restored after the test
     tokens, q, p = block()
     with counting_law_steps() as steps:
         law = block_verify_law(tokens, q, p)
@@ -69,3 +69,8 @@ def test_a_decode_trace_reports_which_code_computed_its_laws(monkeypatch, regist
     assert steps > 0 and (trace.law_steps_kernel == steps) == registered and mass.calls == trace.law_steps_kernel
     plain = Engine(TabularLM(5, seed=1), None).decode([0], DecodeConfig("ar", max_new_tokens=4)).trace
     assert plain.law_steps_kernel == plain.law_steps_torch == 0  # `ar` verifies nothing
+
+
+def test_the_tests_here_leave_the_native_kernel_registered():
+    """Runs after the tests that swap the finder: a leaked stand-in would break every later decode."""
+    assert kernels._finder is native_laws.law_kernel
