@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from verispec.api import Decoder
-from verispec.bench.datasets import load_prompts
 from verispec.bench.files import write_atomically
 from verispec.models.loading import load_model
+from verispec.prompt_sets import load_prompts
 from verispec.provenance import provenance
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from verispec.api import Decoder
-from verispec.bench.datasets import load_prompts
 from verispec.bench.files import write_atomically
 from verispec.bench.fixed_blocks import (
     DRAW_SEED_OFFSET,
@@ -31,6 +30,7 @@ from verispec.bench.fixed_blocks import (
 )
 from verispec.drafting import draft_paths
 from verispec.engine import DecodeConfig, score_block
+from verispec.prompt_sets import load_prompts
 from verispec.sampling import SamplingConfig
 from verispec.stats import bootstrap_ratio
 from verispec.verify import gbv_verify_law

@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from verispec.bench.datasets import load_prompts
 from verispec.bench.files import write_atomically
 from verispec.models.int4 import use_int4_linears
 from verispec.models.loading import load_model
 from verispec.models.prompt_linear import amx_available, prompt_layer
+from verispec.prompt_sets import load_prompts
 from verispec.provenance import machine_description
 
 SHAPES = {"q/o (1536 x 1536)": (1536, 1536), "k/v (256 x 1536)": (256, 1536), "gate/up (8960 x 1536)": (8960, 1536),

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from verispec.bench.datasets import load_prompts
 from verispec.bench.files import write_atomically
 from verispec.models.hf import HFCausalLM
 from verispec.models.loading import load_model
+from verispec.prompt_sets import load_prompts
 from verispec.provenance import provenance
 
 DEV = "spec-bench:/work/shared/data/spec_bench/dev.jsonl"

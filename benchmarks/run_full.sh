@@ -150,7 +150,7 @@ sprinter_prompts() {  # the held-out evaluation prompts, written once
   $PY - "$DEV" "${SHORT[@]}" <<'PY' > "$OUT/sprinter_prompts.jsonl"
 import json
 import sys
-from verispec.bench.datasets import load_prompts
+from verispec.prompt_sets import load_prompts
 source, cats = sys.argv[1], sys.argv[2:]
 train = set()
 for t in ("0", "1"):

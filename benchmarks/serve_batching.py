@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.serve_overhead import free_port, wait_ready
-from verispec.bench.datasets import load_prompts
 from verispec.bench.files import write_atomically
 from verispec.bench.llamacpp import LLAMACPP_PEERS, LlamaCppError, LlamaCppPeers, sampler_fields
 from verispec.config import DecodeConfig
+from verispec.prompt_sets import load_prompts
 from verispec.provenance import provenance
 from verispec.sampling import SamplingConfig
 from verispec.serve.bench import ServeBenchConfig, run_serve_bench
@@ -99,7 +99,7 @@ def verispec_threads() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--source", default="humaneval", help="prompt source (verispec.bench.datasets)")
+    parser.add_argument("--source", default="humaneval", help="prompt source (verispec.prompt_sets)")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--methods", nargs="+", default=["ar", "sd"])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8])

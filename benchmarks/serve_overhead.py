@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from verispec.api import Decoder
-from verispec.bench.datasets import BUILTIN_PROMPTS
 from verispec.bench.files import write_atomically
 from verispec.engine import DecodeConfig
+from verispec.prompt_sets import BUILTIN_PROMPTS
 from verispec.provenance import provenance
 from verispec.serve import create_app
 from verispec.serve.bench import ServeBenchConfig, stream_chat

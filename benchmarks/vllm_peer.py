@@ -20,9 +20,9 @@ import argparse
 import json
 from pathlib import Path
 
-from verispec.bench.datasets import load_prompts
 from verispec.bench.files import write_atomically
 from verispec.models.default_pair import DRAFT, TARGET, converted_dir
+from verispec.prompt_sets import load_prompts
 from verispec.provenance import provenance
 from verispec.vllm.run import run_in_subprocess
 

@@ -27,6 +27,7 @@ from verispec.costmodel import (
 )
 from verispec.engine import DecodeConfig, Engine
 from verispec.errors import ConfigError
+from verispec.models.protocol import ModelDefaults
 from verispec.models.spec import ModelSpec
 from verispec.trace import RoundTrace, Trace
 
@@ -105,7 +106,7 @@ def test_a_draft_decoded_trace_is_priced_with_the_draft_model():
                   HardwareProfile({"target": hand_profile().models["target"]}))
 
 
-class Recording:
+class Recording(ModelDefaults):
     """A CausalLM wrapper recording (new tokens, cached tokens) of every forward."""
 
     def __init__(self, inner):

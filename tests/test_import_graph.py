@@ -1,7 +1,8 @@
-"""The package's layers: no import cycle among verispec's modules, counting the imports deferred into functions.
+"""The package's layers: every import points down the layer order (docs/layout.md, "Layers"), and no import cycle
+joins verispec's modules; imports deferred into functions count, those under TYPE_CHECKING do not.
 
-A static check: every module's `import` statements are read from its syntax tree, so a cycle shows even when the
-order the tests happen to import things in would hide it.
+A static check: every module's `import` statements are read from its syntax tree, so an upward import or a cycle
+shows even when the order the tests happen to import things in would hide it.
 """
 
 from __future__ import annotations
@@ -86,6 +87,55 @@ def import_graph(include_deferred: bool, modules: dict[str, Path] | None = None)
     }
 
 
+# The layers, lowest first (docs/layout.md, "Layers"): a module imports its own layer and those below, never one
+# above. A module's layer is that of the longest name listed that it is or lies inside ("" is the package's own
+# `__init__`, its public face); a command-line module (`cli`, `*_cli`, `__main__`) is the top layer wherever it lives.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    # leaf modules: errors, the cache folder, sampling and the logit processors, closed forms, prompt sets, traces
+    ("foundation", ("errors", "cache", "provenance", "inputs", "limits", "sampling", "processors", "logprobs", "stats",
+                    "theory", "costmodel", "prompt_sets", "trace")),
+    ("rules", ("verify", "methods", "variants")),  # the pure verification rules and the method registry over them
+    ("native", ("native",)),  # C++ kernels and their build; the law kernel registers into verify.kernels
+    # the model protocol and backends; llama.cpp's build sits with its backend (it requantises the embedded pair)
+    ("models", ("models", "native.llamacpp_build")),
+    ("drafting", ("drafting", "drafters", "config", "diagnostics")),
+    ("engine", ("engine",)),
+    ("learned", ("learned",)),  # SPRINTER's verifier: collected and evaluated through the engine
+    ("api", ("api",)),
+    ("apps", ("options", "profile", "bench", "serve", "vllm")),
+    ("cli", ("cli", "__main__", "")),
+]
+
+
+def layer_of(name: str, layers: list[tuple[str, tuple[str, ...]]] = LAYERS, package: str = "verispec") -> int:
+    """Return the index in `layers` of module `name`'s layer; raise KeyError for a module in none."""
+    last = name.rsplit(".", 1)[-1]
+    if name != package and (last in ("cli", "__main__") or last.endswith("_cli")):
+        return len(layers) - 1
+    relative = name.removeprefix(package).removeprefix(".")
+    best: tuple[int, int] | None = None  # (length of the name matched, layer)
+    for index, (_, prefixes) in enumerate(layers):
+        for prefix in prefixes:
+            inside = relative == prefix or (prefix != "" and relative.startswith(prefix + "."))
+            if inside and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), index)
+    if best is None:
+        raise KeyError(f"{name} lies in no layer: add it to LAYERS (and to docs/layout.md)")
+    return best[1]
+
+
+def upward_imports(graph: dict[str, set[str]], layers: list[tuple[str, tuple[str, ...]]] = LAYERS,
+                   package: str = "verispec") -> list[str]:
+    """Return "importer (layer) -> imported (layer)" for every import of a module in a higher layer."""
+    found = []
+    for name in sorted(graph):
+        own = layer_of(name, layers, package)
+        for target in sorted(graph[name]):
+            if (theirs := layer_of(target, layers, package)) > own:
+                found.append(f"{name} ({layers[own][0]}) -> {target} ({layers[theirs][0]})")
+    return found
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """Return one import cycle as [a, b, ..., a], or None when the graph has none (depth-first search)."""
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
@@ -134,6 +184,48 @@ def test_the_check_sees_a_cycle_through_a_deferred_import_and_a_package(tmp_path
     (root / "learned" / "collect.py").write_text("from .. import api\n")  # relative, and at import time
     assert find_cycle(import_graph(False, modules)) is None  # api's edge is still deferred
     assert find_cycle(import_graph(True, modules))[0] == "pkg.api"
+
+
+def test_every_import_points_down_the_layers():
+    graph = import_graph(include_deferred=True)
+    assert len(graph) > 40 and "verispec.native.laws" in graph["verispec.engine"]  # the walk really read the package
+    upward = upward_imports(graph)
+    assert not upward, "upward imports:\n" + "\n".join(upward)
+
+
+def test_the_pure_rules_reach_no_native_code():
+    """The verification rules keep their torch reference; the C++ law kernel is registered into them from above."""
+    graph = import_graph(include_deferred=True)
+    rules = {name: targets for name, targets in graph.items() if name.startswith("verispec.verify")}
+    assert "verispec.verify.kernels" in rules["verispec.verify.block"]
+    assert not {t for targets in rules.values() for t in targets if t.startswith("verispec.native")}
+
+
+def test_the_check_sees_an_upward_import_deferred_into_a_function(tmp_path):
+    """A planted upward edge: a rule defers an import of the native kernel into a function; an import of it under
+    TYPE_CHECKING, and the kernel's own import of the rules, are not upward."""
+    layers = [("low", ("errors",)), ("rules", ("verify",)), ("native", ("native",)), ("cli", ("cli", ""))]
+    root = tmp_path / "pkg"
+    (root / "verify").mkdir(parents=True)
+    (root / "native").mkdir()
+    (root / "__init__.py").write_text("from pkg import cli\n")
+    (root / "errors.py").write_text("class E(Exception): ...\n")
+    (root / "cli.py").write_text("from pkg.native import laws\n")
+    (root / "verify" / "__init__.py").write_text("")
+    (root / "native" / "__init__.py").write_text("")
+    (root / "native" / "laws.py").write_text("from pkg.verify.block import law\n")
+    (root / "verify" / "block.py").write_text("from typing import TYPE_CHECKING\nfrom pkg.errors import E\n"
+                                              "if TYPE_CHECKING:\n    from pkg.native import laws\n"
+                                              "def law():\n    return 1\n")
+    modules = module_names(root, "pkg")
+    assert upward_imports(import_graph(True, modules), layers, "pkg") == []
+    (root / "verify" / "block.py").write_text("def law():\n    from pkg.native.laws import kernel\n")
+    assert upward_imports(import_graph(False, modules), layers, "pkg") == []  # the planted edge is deferred
+    assert upward_imports(import_graph(True, modules), layers, "pkg") == [
+        "pkg.verify.block (rules) -> pkg.native (native)", "pkg.verify.block (rules) -> pkg.native.laws (native)"]
+    (root / "extra.py").write_text("")
+    with pytest.raises(KeyError, match="pkg.extra lies in no layer"):
+        upward_imports(import_graph(True, module_names(root, "pkg")), layers, "pkg")
 
 
 def test_the_engine_reaches_theory_only_through_the_diagnostics_observer():

@@ -7,12 +7,14 @@ import pytest
 from verispec import Decoder
 from verispec.cli import main
 from verispec.errors import ConfigError
-from verispec.limits import check_context, context_length
+from verispec.limits import check_context
+from verispec.models.tabular import TabularLM
 
 
 def test_context_length_reads_the_models_positions(tiny_pair):
-    assert context_length(tiny_pair["target"]) == 512
-    assert context_length(object()) is None  # unknown: not checked
+    assert tiny_pair["target"].context_length == 512
+    assert TabularLM(3, seed=0).context_length is None  # unknown: not checked
+    check_context(10**6, 10**6, TabularLM(3, seed=0), None)
 
 
 def test_check_context_names_both_numbers_and_the_limit(tiny_pair):

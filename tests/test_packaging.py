@@ -21,7 +21,7 @@ INSTALLED_LAYER = """
 import sys
 import torch
 import verispec
-from verispec.models.cache import cache_dir
+from verispec.cache import cache_dir
 from verispec.models.int4 import Int4Linear, grid_4bit
 
 assert verispec.__file__.startswith(sys.argv[1]), verispec.__file__

@@ -12,7 +12,7 @@ import verispec.profile as profile_module
 from verispec.costmodel import KIND_MEASURED, KIND_MODELLED, HardwareProfile, cost_ratios
 from verispec.errors import ConfigError
 from verispec.models.fastpath import onednn_available
-from verispec.models.protocol import ForwardOutput
+from verispec.models.protocol import ForwardOutput, ModelDefaults
 from verispec.profile import (
     DEFAULT_ARCHITECTURES,
     architecture_config,
@@ -35,7 +35,7 @@ class Clock:
         return self.now
 
 
-class FakeLM:
+class FakeLM(ModelDefaults):
     """A CausalLM whose forward advances a fake clock by 1 + 0.5·k + 0.01·cache + 0.1·n_logits (+100 in the first
     repetition: a warm-up that must be dropped)."""
 

@@ -107,14 +107,13 @@ class Decoder:
     def linear_kernels(self) -> dict[str, str]:
         """Return, per loaded model ("target", "draft"), which linear kernels and weight types it runs (and, for a
         transformers model, which decoder loop)."""
-        def describe(model: Any) -> str:
-            loop = getattr(model, "decoder_loop", None)
-            return getattr(model, "linear_kernel", "?") + (f"; {loop}" if loop else "")
+        def describe(model: CausalLM) -> str:
+            return model.linear_kernel + (f"; {model.decoder_loop}" if model.decoder_loop else "")
 
         return {role: describe(model) for role, model in self._models.items()}
 
     def reduced_draft(self, n: int) -> HFCausalLM:
-        """Return the draft model with its output layer sliced to N = `n` tokens (`verispec.drafters.vocab`), loaded
+        """Return the draft model with its output layer sliced to N = `n` tokens (`verispec.models.vocab`), loaded
         on first use: a copy of its own, since the slicing happens before the weights are packed."""
         if n not in self._reduced_drafts:
             spec = self.models.draft
@@ -134,10 +133,10 @@ class Decoder:
             from verispec.learned.verifier import LearnedVerifier, packaged_verifier_path
 
             draft = self.model("draft")
-            hidden_size = getattr(getattr(getattr(draft, "model", None), "config", None), "hidden_size", None)
+            hidden_size = draft.hidden_size
             if hidden_size is None:
                 raise ConfigError(f"SPRINTER's verifier reads the draft's hidden states, and the draft {draft.name!r} "
-                                  f"({getattr(draft, 'linear_kernel', 'this backend')}) gives none: use a torch draft")
+                                  f"({draft.linear_kernel}) gives none: use a torch draft")
             path = self._verifier_spec or packaged_verifier_path(draft.name)
             if path is None:
                 raise ConfigError(f"SPRINTER methods need a learned verifier for the draft {draft.name!r}, and none "

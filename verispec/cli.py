@@ -111,7 +111,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, seed=args.seed, models=model_spec(args),
     )
     if args.prompts:
-        from verispec.bench.datasets import read_source
+        from verispec.prompt_sets import read_source
 
         config.prompts = [prompt.text for prompt in read_source(args.prompts)]
     decoder, seconds = load_pair(args)

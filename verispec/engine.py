@@ -35,10 +35,12 @@ from verispec.logprobs import TokenLogprob, log_laws, token_logprobs
 from verispec.methods import Method, MultiPathResult, get_method
 from verispec.models.protocol import CausalLM
 from verispec.models.threads import shared_cores
+from verispec.native import laws as _laws  # noqa: F401  registers GBV's and BV's C++ law kernel (verify.kernels)
 from verispec.processors import LogitProcessors, RoundProcessors, RowOffsets, tree_prefixes
 from verispec.sampling import SamplingConfig, adjust_logits, process_logits
 from verispec.trace import RoundTrace, Trace
 from verispec.verify import PathLaws, candidate_tree_verify
+from verispec.verify.kernels import counting_law_steps
 
 __all__ = ["MULTIPATH_PATHS", "DecodeConfig", "DecodeOutput", "Engine", "ScoredBlock", "path_rows", "roll_back",
            "score_block", "tree_pass", "verify_block", "verify_paths"]
@@ -85,7 +87,7 @@ class Engine:
         if method.learned_stop and self.verifier is None:
             raise ConfigError(f"method {method.name!r} needs a learned verifier file (verifier=... / --verifier)")
         if config.draft_vocab is not None:
-            head = getattr(self.draft, "draft_vocab", None)
+            head = self.draft.draft_vocab if self.draft is not None else None
             if config.draft_vocab > decoder.vocab_size:
                 raise ConfigError(f"draft_vocab={config.draft_vocab} exceeds the vocabulary ({decoder.vocab_size} "
                                   f"tokens)")
@@ -115,8 +117,10 @@ class Engine:
         processors = LogitProcessors.of(config)
         if processors is not None:
             processors.check_vocab(decoder.vocab_size)
-        with shared_cores(decoder, draft_model) as (decoder, draft_model):
-            return self._decode(prompt_ids, config, on_commit, on_logprobs, decoder, draft_model, processors)
+        with shared_cores(decoder, draft_model) as (decoder, draft_model), counting_law_steps() as law_steps:
+            output = self._decode(prompt_ids, config, on_commit, on_logprobs, decoder, draft_model, processors)
+        output.trace.law_steps_kernel, output.trace.law_steps_torch = law_steps.kernel, law_steps.torch
+        return output
 
     def _decode(self, prompt_ids: Sequence[int], config: DecodeConfig,
                 on_commit: Callable[[list[int]], bool | None] | None,
@@ -346,7 +350,7 @@ def tree_pass(decoder: CausalLM, tokens: list[int], block: DraftBlock) -> tuple[
     base = len(tokens)
     tree = block.tree  # the one the draft grew (or built from a lookup's candidates)
     new = tokens[decoder.cache_length :]
-    prompt_rows = getattr(decoder, "prompt_rows", None)
+    prompt_rows = decoder.prompt_rows
     if prompt_rows is not None and len(new) > 1 and tree.tokens and len(new) + len(tree.tokens) > prompt_rows:
         # This decoder runs forwards over more than `prompt_rows` tokens on other kernels than decode passes (the
         # int4 path's prompt copies): read the committed tokens alone, as `ar` reads its prompt, so that the block's

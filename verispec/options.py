@@ -140,9 +140,9 @@ def add_processor_options(parser: argparse.ArgumentParser) -> None:
 
 def decode_config(args: argparse.Namespace) -> DecodeConfig:
     """Return the DecodeConfig the options of `add_decode_options` describe. `--method` takes the bench's variant
-    syntax too (e.g. typical:epsilon=0.3,delta=0.09, `verispec.bench.variants`): its settings win over the options."""
-    from verispec.bench.variants import parse_method
+    syntax too (e.g. typical:epsilon=0.3,delta=0.09, `verispec.variants`): its settings win over the options."""
     from verispec.methods import METHODS
+    from verispec.variants import parse_method
 
     variant = parse_method(args.method, set(METHODS))
     settings = {name: getattr(args, name) for name in SETTINGS if name != "method" and hasattr(args, name)}

@@ -40,6 +40,7 @@ from verispec.costmodel import (
 from verispec.errors import ConfigError, ModelFilesError
 from verispec.models.fastpath import LINEAR_BACKENDS, apply_linear_backend
 from verispec.models.gguf_file import GGUFFile
+from verispec.models.hf import HFCausalLM
 from verispec.models.loading import DEFAULT_LINEAR_BACKEND, gguf_blocks_file, load_model
 from verispec.models.protocol import CausalLM
 from verispec.provenance import machine_description
@@ -276,8 +277,8 @@ def measure_profile(
         params, streamed = count_params(model.model)  # before a backend packs (and hides) the weights
         linear_backend = apply_linear_backend(model, linear_backend)
     else:
-        linear_backend = getattr(model, "linear_backend", linear_backend)  # HFCausalLM records its own
-        if hasattr(model, "model"):
+        linear_backend = model.linear_backend
+        if isinstance(model, HFCausalLM):  # a torch module to count
             params, streamed = count_params(model.model)
     sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
     cost = measure_model_cost(model, ks, context, reps, role == "target", slope_context, seed, sync, long_prefill)
@@ -288,7 +289,7 @@ def measure_profile(
     if overheads:
         extra = measure_overheads(model.vocab_size, sampling, rows=max(ks) + 1, reps=reps, seed=seed)
     where = machine.get("gpu") or f"{machine['processor']}, {machine['cpu_threads']} threads"
-    kernel = getattr(model, "linear_kernel", linear_backend)
+    kernel = model.linear_kernel
     description = (f"measured on {where}: {cost.dtype}, {device}, linear backend {kernel}, context {context}, "
                    f"{reps} reps{', random weights' if random_weights else ''}")
     return HardwareProfile({role: cost}, extra, KIND_MEASURED, description, machine,

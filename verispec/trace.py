@@ -48,6 +48,10 @@ class Trace:
     # so kept out of time_total and reported here
     time_diagnostics: float = 0.0
     prefill_tokens: int = 0  # prompt length
+    # GBV's and BV's vocabulary-wide law steps (verispec.verify.kernels): run by the C++ kernel, and by the torch
+    # reference where the kernel is not built or declines the tensors (not float64 on the CPU)
+    law_steps_kernel: int = 0
+    law_steps_torch: int = 0
 
     @property
     def time_other(self) -> float:

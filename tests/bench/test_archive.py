@@ -9,10 +9,10 @@ import pytest
 
 from verispec import Decoder
 from verispec.bench.archive import pack, prompt_hash, unpack
-from verispec.bench.datasets import load_prompts
 from verispec.bench.runner import BenchConfig, run_bench
 from verispec.cli import main
 from verispec.errors import ConfigError
+from verispec.prompt_sets import load_prompts
 
 QUESTIONS = [(7, "writing", "Write a haiku about the sea."), (9, "math", "What is 17 times 23?"),
              (12, "qa", "Name a prime number larger than 100.")]

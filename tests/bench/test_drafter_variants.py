@@ -5,9 +5,9 @@ from __future__ import annotations
 import copy
 
 from verispec import Decoder
-from verispec.bench.datasets import Prompt
 from verispec.bench.runner import BenchConfig, run_bench
 from verispec.models.hf import HFCausalLM
+from verispec.prompt_sets import Prompt
 
 PROMPTS = [Prompt("a", "def add(a, b):\n    return a + b\ndef add(a, b):", "code"), Prompt("b", "hello hello", "chat")]
 

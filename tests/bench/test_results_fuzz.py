@@ -14,10 +14,10 @@ import pytest
 
 from verispec import Decoder
 from verispec.bench.archive import pack, unpack
-from verispec.bench.datasets import Prompt
 from verispec.bench.report import write_report
 from verispec.bench.runner import BenchConfig, load_resumable, run_bench
 from verispec.errors import VerispecError
+from verispec.prompt_sets import Prompt
 
 CASES = 300
 REPORTED = 40  # of them, also rendered as a report (plots take a while)

@@ -10,11 +10,11 @@ import pytest
 from verispec import Decoder
 from verispec.bench import runner
 from verispec.bench.compare import CompareConfig, run_compare
-from verispec.bench.datasets import Prompt
 from verispec.bench.runner import SCHEMA, BenchConfig, run_bench
 from verispec.cli import build_parser, main
 from verispec.errors import ConfigError
 from verispec.options import config_from_args
+from verispec.prompt_sets import Prompt
 
 PROMPTS = [Prompt("a", "def add(a, b):", "code"), Prompt("b", "hello there", "chat"), Prompt("c", "one two three")]
 SD = "sd:adaptive_gamma=false"  # a fixed γ, as hf-assisted drafts: the same rounds at T = 0
@@ -148,8 +148,8 @@ def test_compare_is_a_preset_with_its_old_table(decoder, tmp_path):
 
 
 def test_method_variants_run_with_their_own_settings(decoder):
-    from verispec.bench.variants import parse_method
     from verispec.errors import ConfigError
+    from verispec.variants import parse_method
 
     methods = ["ar", "sd:gamma=1", "sd:gamma=3", "gbv:paths=2,gamma=2"]
     config = BenchConfig(methods=methods, max_new_tokens=8, warmup_tokens=0, bootstrap_resamples=50,

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from verispec.bench.variants import parse_method
 from verispec.engine import DecodeConfig
 from verispec.errors import ConfigError
+from verispec.variants import parse_method
 
 KNOWN = {"typical", "margin", "fuzzy", "fly", "sd"}
 
@@ -50,9 +50,9 @@ class _Recorder:
 
 
 def test_the_bench_passes_a_variants_knobs_and_the_stop_rule_to_the_decoder():
-    from verispec.bench.datasets import Prompt
     from verispec.bench.execution import humaneval_problems
     from verispec.bench.runner import BenchConfig, decode_one
+    from verispec.prompt_sets import Prompt
 
     recorder = _Recorder()
     config = BenchConfig(methods=["typical:epsilon=0.3,delta=inf"])
@@ -74,8 +74,8 @@ def test_a_results_file_that_predates_a_setting_resumes_as_its_default(tmp_path)
     with the setting on it is refused."""
     import json
 
-    from verispec.bench.datasets import Prompt
     from verispec.bench.runner import SCHEMA, BenchConfig, load_resumable
+    from verispec.prompt_sets import Prompt
 
     config = BenchConfig(methods=["ar"])
     saved = config.to_dict()

@@ -125,8 +125,8 @@ def test_methods_without_a_single_path_length_refuse_it(settings):
 
 
 def test_the_command_line_and_bench_variants_take_it():
-    from verispec.bench.variants import parse_method
     from verispec.options import add_decode_options, decode_config
+    from verispec.variants import parse_method
 
     parser = argparse.ArgumentParser()
     add_decode_options(parser)

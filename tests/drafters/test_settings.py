@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 import verispec.api as api
-from verispec.bench.variants import parse_method
 from verispec.cli import main
 from verispec.engine import DecodeConfig
 from verispec.errors import ConfigError
+from verispec.variants import parse_method
 
 
 def test_cli_flags_parse_into_the_decode_config(monkeypatch, capsys):

@@ -50,16 +50,16 @@ def test_the_mass_adds_the_drafts_law_at_every_answer_position_and_skips_empty_a
 def test_the_answers_command_writes_the_drafts_mass_and_how_it_was_made(tiny_folder, tmp_path, capsys):
     import json
 
-    from verispec.drafters import vocab_ranking
+    from verispec.drafters import vocab_cli
 
     out = tmp_path / "mass.npy"
-    assert vocab_ranking.main(["answers", "--draft", str(tiny_folder), "--linear-backend", "torch", "--count", "3",
+    assert vocab_cli.main(["answers", "--draft", str(tiny_folder), "--linear-backend", "torch", "--count", "3",
                                "--max-new-tokens", "5", "--out", str(out)]) == 0
     mass, meta = np.load(out), json.loads(out.with_suffix(".json").read_text())
     assert meta["instructions"] == 3 and 3 <= meta["positions"] <= 15 and meta["temperature"] == 1.0
     assert mass.dtype == np.float64 and (mass >= 0).all()
     assert mass.sum() == pytest.approx(meta["positions"])  # one law per answer position, each summing to 1
-    assert meta["command"].startswith("python -m verispec.drafters.vocab_ranking answers") and "--count 3" in \
+    assert meta["command"].startswith("python -m verispec.drafters.vocab_cli answers") and "--count 3" in \
         meta["command"]
     assert str(out) in capsys.readouterr().out
 
@@ -81,10 +81,10 @@ def test_the_acceptance_weight_is_the_elementwise_minimum_of_the_target_and_draf
 def test_the_answers_command_with_the_acceptance_weight_records_the_target(tiny_pair_folders, tmp_path):
     import json
 
-    from verispec.drafters import vocab_ranking
+    from verispec.drafters import vocab_cli
 
     out = tmp_path / "acceptance.npy"
-    assert vocab_ranking.main(["answers", "--draft", tiny_pair_folders["draft"], "--target",
+    assert vocab_cli.main(["answers", "--draft", tiny_pair_folders["draft"], "--target",
                                tiny_pair_folders["target"], "--weight", "acceptance", "--linear-backend", "torch",
                                "--count", "3", "--max-new-tokens", "5", "--out", str(out)]) == 0
     mass, meta = np.load(out), json.loads(out.with_suffix(".json").read_text())

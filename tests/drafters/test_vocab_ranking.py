@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from verispec.drafters import vocab_ranking
-from verispec.drafters.vocab import DATA_DIR
+from verispec.drafters import vocab_cli, vocab_ranking
 from verispec.drafters.vocab_ranking import build_ranking, mix, prose_texts
+from verispec.models.vocab import DATA_DIR
 
 SHIPPED = sorted(DATA_DIR.glob("*.npy"))
 
@@ -52,9 +52,9 @@ def test_a_shipped_ranking_is_a_prefix_of_a_permutation_and_says_how_it_was_buil
     assert path.stat().st_size < 400_000
     assert {"code_corpus", "prose_corpus", "answers_corpus", "languages", "versions", "command"} <= set(meta)
     if meta["answers_corpus"]:  # the draft's answers: how they were made, and their share in the build command
-        assert meta["answers_corpus"]["command"].startswith("python -m verispec.drafters.vocab_ranking answers")
+        assert meta["answers_corpus"]["command"].startswith("python -m verispec.drafters.vocab_cli answers")
         assert "--answers-share" in meta["command"]
-    assert meta["versions"]["wordfreq"] and meta["command"].startswith("python -m verispec.drafters.vocab_ranking")
+    assert meta["versions"]["wordfreq"] and meta["command"].startswith("python -m verispec.drafters.vocab_cli")
 
 
 def test_the_shipped_ranking_puts_special_and_chat_tokens_first_and_covers_prose():
@@ -65,7 +65,7 @@ def test_the_shipped_ranking_puts_special_and_chat_tokens_first_and_covers_prose
         pytest.skip("the default pair is not converted on this machine")
     from transformers import AutoTokenizer
 
-    from verispec.drafters.vocab import load_ranking, special_token_ids
+    from verispec.models.vocab import load_ranking, special_token_ids
 
     tok = AutoTokenizer.from_pretrained(folder)
     ranking = load_ranking(tok)
@@ -109,5 +109,5 @@ def test_an_answers_share_outside_0_1_or_without_answers_is_refused(tokenizer, s
 ])
 def test_bad_ranking_options_are_refused_by_name_before_any_model_loads(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        vocab_ranking.main(argv)
+        vocab_cli.main(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err

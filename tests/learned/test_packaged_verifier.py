@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from verispec import Decoder
-from verispec.bench.datasets import load_prompts
 from verispec.errors import ConfigError
 from verispec.learned.collect import prompt_fingerprint
 from verispec.learned.verifier import LearnedVerifier, packaged_verifier_path
 from verispec.models.default_pair import DEFAULT_PAIR
+from verispec.prompt_sets import load_prompts
 
 DEV = Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench" / "dev.jsonl"
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from verispec.errors import ConfigError, ModelFilesError
-from verispec.limits import context_length
+from verispec.limits import check_context
 from verispec.models import llamacpp
 from verispec.native import llamacpp_build
 
@@ -32,6 +32,36 @@ def test_missing_or_non_gguf_file_is_refused(tmp_path):
         llamacpp.load_llamacpp_model(str(folder), "draft")
 
 
+class FakeLibrary:
+    """The shim's C functions, as far as loading a model and reading its sizes goes: no llama.cpp needed."""
+
+    def __init__(self, vocab: int, context: int) -> None:
+        self.vocab, self.context = vocab, context
+
+    def vs_load(self, *args: object) -> int:
+        return 1
+
+    def vs_n_vocab(self, handle: int) -> int:
+        return self.vocab
+
+    def vs_n_ctx(self, handle: int) -> int:
+        return self.context
+
+    def vs_free(self, handle: int) -> None:
+        pass
+
+
+def test_the_context_check_catches_a_prompt_beyond_llamacpps_context(monkeypatch, tmp_path):
+    monkeypatch.setattr(llamacpp, "_load_library", lambda: FakeLibrary(vocab=50, context=64))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    model = llamacpp.LlamaCppModel(gguf, "m", vocab_size=60)
+    assert model.context_length == 64 and model.vocab_size == 60 and model.own_thread_pool
+    check_context(54, 10, None, model)  # exactly fills the context
+    with pytest.raises(ConfigError, match=r"55 tokens.*max_new_tokens 10: 65 positions.*draft model's context of 64"):
+        check_context(55, 10, None, model)
+
+
 def _real_draft() -> llamacpp.LlamaCppModel:
     if not llamacpp_build.library().exists():
         pytest.skip("llama.cpp's backend library is not built on this machine: run `make peers`")
@@ -48,7 +78,7 @@ def test_real_backend_rolls_back_exactly_and_refuses_trees(tmp_path):
     ids = [750, 75698, 1445, 1648, 198, 262, 421, 308, 2651, 220, 16, 25]
     whole = model.forward(ids, n_logits=4).logits
     assert whole.shape == (4, model.vocab_size) and model.cache_length == len(ids)
-    assert context_length(model) == model.context > 0  # the pre-flight context check sees llama.cpp's context
+    assert model.context_length > 0  # the pre-flight context check reads llama.cpp's context
     model.reset()
     model.forward(ids[:8])
     fresh = model.forward(ids[8:], n_logits=4).logits

@@ -34,9 +34,9 @@ def tiny_folder(tmp_path_factory) -> Path:
 def test_vllm_peers_write_ar_tokens_at_t0(tiny_folder, monkeypatch, tmp_path):
     import sys
 
-    from verispec.bench.datasets import Prompt
     from verispec.bench.runner import BenchConfig, run_bench
     from verispec.models.spec import ModelSpec
+    from verispec.prompt_sets import Prompt
 
     monkeypatch.setenv("VERISPEC_VLLM_PYTHON", sys.executable)
     prompts = [Prompt(id=f"p{i}", text=text, category="test") for i, text in

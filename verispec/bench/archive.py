@@ -19,9 +19,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from verispec.bench.datasets import read_source
 from verispec.bench.files import EITHER, HASH, check_results_shape, read_results, shape_errors_named, write_atomically
 from verispec.errors import ConfigError
+from verispec.prompt_sets import read_source
 
 
 def prompt_hash(text: str) -> str:

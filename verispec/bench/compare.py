@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from verispec.api import Decoder
-from verispec.bench.datasets import BUILTIN_PROMPTS, Prompt
 from verispec.bench.metrics import summarize
 from verispec.bench.runner import BenchConfig, run_bench
 from verispec.bench.tables import format_table
 from verispec.config import DecodeConfig
 from verispec.models.spec import ModelSpec
+from verispec.prompt_sets import BUILTIN_PROMPTS, Prompt
 from verispec.provenance import machine_description
 from verispec.sampling import SamplingConfig
 

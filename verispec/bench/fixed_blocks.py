@@ -28,7 +28,6 @@ from typing import Any
 import torch
 
 from verispec.api import Decoder
-from verispec.bench.datasets import Prompt, load_prompts
 from verispec.bench.files import check_writable, write_atomically
 from verispec.bench.tables import with_ci
 from verispec.drafting import draft_paths
@@ -36,6 +35,7 @@ from verispec.engine import DecodeConfig, score_block
 from verispec.errors import ConfigError
 from verispec.methods import get_method
 from verispec.models.spec import ModelSpec, flat_dict
+from verispec.prompt_sets import Prompt, load_prompts
 from verispec.provenance import provenance
 from verispec.sampling import SamplingConfig
 from verispec.stats import bootstrap_ratio

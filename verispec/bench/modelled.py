@@ -22,8 +22,8 @@ def render_modelled(results: dict[str, Any], profile: Any, baseline: str, peer_p
     """Return the markdown section of modelled times: this run's decode counts priced with `profile`, the
     transformers peers' with `peer_profile` when given (they run their own linear path)."""
     from verispec.bench.peers import PEERS
-    from verispec.bench.variants import parse_method
     from verispec.costmodel import KIND_MODELLED, cost_ratios, modelled_speedup, other_drafter_rounds
+    from verispec.variants import parse_method
 
     cfg = results["config"]
     peers = [m for m in cfg["methods"] if m.split(":")[0] in PEERS]

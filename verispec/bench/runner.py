@@ -28,7 +28,6 @@ import torch
 
 from verispec.api import Decoder
 from verispec.bench.archive import write_archive
-from verispec.bench.datasets import Prompt, load_prompts
 from verispec.bench.execution import execution_problem, function_end
 from verispec.bench.files import TEXT, ResultsWriteError, check_results_shape, check_writable, write_atomically
 from verispec.bench.flops import add_flops
@@ -36,16 +35,17 @@ from verispec.bench.llamacpp import LLAMACPP_PEERS, LlamaCppPeers, llamacpp_gene
 from verispec.bench.metrics import summarize
 from verispec.bench.peers import PEERS, peer_generate
 from verispec.bench.quality import quality_records
-from verispec.bench.variants import MethodVariant, parse_method
 from verispec.bench.vllm import VLLM_PEERS, VllmPeers, vllm_generate
 from verispec.engine import DecodeConfig
 from verispec.errors import ConfigError
 from verispec.learned.collect import prompt_fingerprint
 from verispec.methods import METHODS
 from verispec.models.spec import ModelSpec, flat_dict
+from verispec.prompt_sets import Prompt, load_prompts
 from verispec.provenance import provenance
 from verispec.sampling import SamplingConfig
 from verispec.stats import default_baseline
+from verispec.variants import MethodVariant, parse_method
 
 SCHEMA = "verispec.bench/1"
 DEFAULT_OUT = "results/bench.json"

@@ -1,7 +1,7 @@
 """Drafters: what proposes each round's draft block. A decoding method is a (drafter, verifier) pair.
 
 - `model`: K i.i.d. paths sampled from the draft model (the default; its output layer may be reduced to the N most
-  frequent tokens and the context's, `verispec.drafters.vocab`, `verispec.models.reduced_head`).
+  frequent tokens and the context's, `verispec.models.vocab`, `verispec.models.reduced_head`).
 - `ngram`: prompt lookup; fixed candidates with a point-mass q, no model forward (docs/algorithms.md §6.1).
 - `hybrid`: the n-gram candidates where the context has a match, the draft model elsewhere (when catching its cache
   up is cheap enough for the tokens left, `verispec.drafters.hybrid`).

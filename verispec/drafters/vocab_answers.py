@@ -12,7 +12,7 @@ to the probability that speculative sampling accepts a drafted token there (α =
 docs/algorithms.md §2). A head that keeps the tokens with the most of that mass keeps the most acceptance; tokens the
 draft favours but the target does not weigh little, however often the draft would write them.
 
-    python -m verispec.drafters.vocab_ranking answers --out answer-mass.npy   # then: build --answers answer-mass.npy
+    python -m verispec.drafters.vocab_cli answers --out answer-mass.npy   # then: build --answers answer-mass.npy
 """
 
 from __future__ import annotations

@@ -272,7 +272,7 @@ class CollectConfig:
 
     # the pair (default: the embedded pair) and how it runs; its verifier is unused (collecting makes one's data)
     models: ModelSpec = field(default_factory=ModelSpec)
-    prompts: str = "builtin"  # a `verispec.bench.datasets.load_prompts` source
+    prompts: str = "builtin"  # a `verispec.prompt_sets.load_prompts` source
     category: list[str] | None = None  # keep only these categories
     limit: int | None = None  # number of prompts (None: all)
     offset: int = 0  # skip this many prompts first
@@ -290,8 +290,8 @@ class CollectConfig:
 
 def collect_from_config(config: CollectConfig, out: str | Path, progress: bool = True) -> VerifierData:
     """Load the models and prompts named by `config`, collect, save to `out`; return the rows."""
-    from verispec.bench.datasets import load_prompts
     from verispec.models.pair import check_compatible, encode_prompt, eos_token_ids
+    from verispec.prompt_sets import load_prompts
 
     target, draft = config.models.load("target"), config.models.load("draft")
     check_compatible(target, draft)

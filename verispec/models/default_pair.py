@@ -25,8 +25,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from verispec.cache import cache_dir
 from verispec.errors import ModelFilesError
-from verispec.models.cache import cache_dir
 from verispec.models.manifest import (
     cache_lock,
     check_folder,

@@ -13,6 +13,7 @@ rounds those others to 4 bits too (an approximation: meant for drafts, whose wei
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,7 +23,6 @@ from verispec.models.int4 import ISA_NAMES, PROMPT_ROWS, use_int4_linears
 from verispec.models.prompt_linear import prompt_copy
 from verispec.models.quantized import quantized_engine, reduce_range_needed, use_int8_linears
 
-LINEAR_BACKENDS = ("auto", "torch", "onednn", "int8", "int4", "int4-rounded")
 QUANTIZED_BACKENDS = ("int8", "int4", "int4-rounded")  # every token computed on its own (per-token activations)
 
 # What each backend runs, as the outputs report it (`model.linear_kernel`).
@@ -147,6 +147,31 @@ def use_onednn_linears(model: torch.nn.Module, batch_hint: int = 4, min_rows: in
     return changed
 
 
+def _onednn(model: Any, backend: str) -> dict[str, int]:
+    return {"linears": use_onednn_linears(model.model)}
+
+
+def _int8(model: Any, backend: str) -> dict[str, int]:
+    return {"linears": use_int8_linears(model.model, lm_head=model.model.get_output_embeddings())}
+
+
+def _int4(model: Any, backend: str) -> dict[str, int]:
+    return use_int4_linears(model.model, lm_head=model.model.get_output_embeddings(),
+                            round_to_4bit=backend == "int4-rounded")
+
+
+# The linear backends that replace a CPU model's linears: name -> the builder that routes an `HFCausalLM`'s float
+# linears through it and returns the layers it changed per kind (all zero: nothing it applies to, e.g. no oneDNN in
+# this torch or float64 weights). "torch" keeps transformers' linears; "auto" picks one (`resolve_linear_backend`).
+LINEAR_BUILDERS: dict[str, Callable[[Any, str], dict[str, int]]] = {
+    "onednn": _onednn,
+    "int8": _int8,
+    "int4": _int4,
+    "int4-rounded": _int4,
+}
+LINEAR_BACKENDS = ("auto", "torch", *LINEAR_BUILDERS)
+
+
 def apply_linear_backend(model: Any, backend: str, requested: str | None = None) -> str:
     """Route the linears of `model` (an `HFCausalLM` with float weights) through `backend`, record it as
     `model.linear_backend` (and what runs as `model.linear_kernel`) and return it: the backend actually in effect,
@@ -157,14 +182,9 @@ def apply_linear_backend(model: Any, backend: str, requested: str | None = None)
     if backend == "auto":
         backend = float_backend(model.device, model.model.dtype)
     applied, counts = "torch", {}
-    if model.device.type == "cpu" and backend == "onednn" and use_onednn_linears(model.model) > 0:
-        applied = "onednn"
-    elif model.device.type == "cpu" and backend == "int8":
-        if use_int8_linears(model.model, lm_head=model.model.get_output_embeddings()) > 0:
-            applied = "int8"
-    elif model.device.type == "cpu" and backend in ("int4", "int4-rounded"):
-        counts = use_int4_linears(model.model, lm_head=model.model.get_output_embeddings(),
-                                  round_to_4bit=backend == "int4-rounded")
+    builder = LINEAR_BUILDERS.get(backend)
+    if model.device.type == "cpu" and builder is not None:
+        counts = builder(model, backend)
         if sum(counts.values()) > 0:
             applied = backend
     return record_linear_backend(model, applied, requested, counts)

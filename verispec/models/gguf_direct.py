@@ -32,9 +32,9 @@ from typing import Any
 import gguf
 import torch
 
+from verispec.cache import cache_dir
 from verispec.errors import ConfigError, ModelFilesError
 from verispec.models import layer_cache
-from verispec.models.cache import cache_dir
 from verispec.models.fastpath import record_linear_backend
 from verispec.models.gguf_blocks import FOUR_BIT, GGML, dequantize, four_bit_levels, readable
 from verispec.models.gguf_file import GGUFFile, TensorEntry, type_name

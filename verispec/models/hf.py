@@ -141,6 +141,32 @@ class HFCausalLM(TreeCachedLM):
         return ForwardOutput(logits=logits.cpu(), hidden=hidden)
 
     @property
+    def config(self) -> Any:
+        """The transformers config of the model."""
+        return self.model.config
+
+    @property
+    def generation_config(self) -> Any:
+        """The transformers generation config of the model (None when it has none)."""
+        return getattr(self.model, "generation_config", None)  # not every transformers model carries one
+
+    @property
+    def context_length(self) -> int | None:
+        """The positions the config says the model handles (`max_position_embeddings`), None when it does not."""
+        positions = getattr(self.model.config, "max_position_embeddings", None)  # not every architecture states it
+        return positions if isinstance(positions, int) and positions > 0 else None
+
+    @property
+    def hidden_size(self) -> int:
+        """The width H of the hidden states `forward(return_hidden=True)` returns."""
+        return int(self.model.config.hidden_size)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the model's weights and KV cache."""
+        return self.model.dtype
+
+    @property
     def reduced_head(self) -> ReducedHead | None:
         """The reduced output layer (its `ids` are the tokens it covers now), or None for the full head."""
         return self._head

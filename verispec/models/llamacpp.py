@@ -24,7 +24,7 @@ import torch
 
 from verispec.errors import ConfigError, ModelFilesError
 from verispec.models.hf import LLAMACPP_PREFIX
-from verispec.models.protocol import ForwardOutput
+from verispec.models.protocol import ForwardOutput, ModelDefaults
 from verispec.native import llamacpp_build
 
 DEFAULT_CONTEXT = 8192  # tokens of KV cache; a longer prompt plus generation is refused before decoding
@@ -52,7 +52,7 @@ def _load_library() -> ctypes.CDLL:
     return lib
 
 
-class LlamaCppModel:
+class LlamaCppModel(ModelDefaults):
     """A GGUF model in llama.cpp with a KV cache of `cache_length` tokens (the `CausalLM` protocol, chain only).
 
     `tokenizer`: the model's Hugging Face tokenizer (the pair checks that draft and target share it); `vocab_size`:
@@ -60,6 +60,7 @@ class LlamaCppModel:
     """
 
     own_thread_pool = True  # llama.cpp computes on its own threads: the engine keeps torch's quiet meanwhile
+    linear_backend = "llama.cpp"  # none of --linear-backend's: llama.cpp's own kernels for the GGUF's weights
 
     def __init__(self, path: str | Path, name: str, tokenizer: Any = None, vocab_size: int | None = None,
                  threads: int | None = None, context: int = DEFAULT_CONTEXT) -> None:
@@ -72,14 +73,15 @@ class LlamaCppModel:
         if not self._handle:
             raise ModelFilesError(f"llama.cpp could not load {path} (not a GGUF model it supports?)")
         self.name, self.tokenizer, self.path = name, tokenizer, path
-        self.model = None  # no torch module: no hidden states
+        self.model = None  # no torch module: no hidden states (`hidden_size` stays None)
         self.generation_config: Any = None  # its EOS ids, when the model comes with one (the embedded pair does)
         self.config: Any = None  # its transformers config, when known: the bench's FLOP counts read it
         self.gguf_vocab = int(self._lib.vs_n_vocab(self._handle))
         self.vocab_size = vocab_size or self.gguf_vocab
         if self.gguf_vocab > self.vocab_size:
             raise ModelFilesError(f"{path} has {self.gguf_vocab} tokens, more than the pair's {self.vocab_size}")
-        self.context = int(self._lib.vs_n_ctx(self._handle))
+        # The tokens llama.cpp's context holds: the pre-flight context check's limit (`CausalLM.context_length`).
+        self.context_length: int = int(self._lib.vs_n_ctx(self._handle))
         self.linear_kernel = f"llama.cpp ({path.name}, {threads} threads)"
         self._length = 0
 
@@ -87,11 +89,6 @@ class LlamaCppModel:
     def cache_length(self) -> int:
         """Return the number of tokens held in the KV cache."""
         return self._length
-
-    @property
-    def context_length(self) -> int:
-        """The tokens this model's llama.cpp context holds: what the pre-flight context check reads."""
-        return self.context
 
     def forward(self, tokens: Sequence[int], n_logits: int = 1, return_hidden: bool = False,
                 parents: Sequence[int] | None = None) -> ForwardOutput:
@@ -105,8 +102,8 @@ class LlamaCppModel:
         n = len(tokens)
         if n == 0 or not 1 <= n_logits <= n:
             raise ValueError(f"forward needs 1 <= n_logits <= len(tokens), got {n_logits} and {n} tokens")
-        if self._length + n > self.context:
-            raise ConfigError(f"the llama.cpp draft's context holds {self.context} tokens; this decode needs "
+        if self._length + n > self.context_length:
+            raise ConfigError(f"the llama.cpp draft's context holds {self.context_length} tokens; this decode needs "
                               f"{self._length + n}")
         ids = (ctypes.c_int32 * n)(*[int(t) for t in tokens])
         logits = torch.empty(n_logits, self.gguf_vocab, dtype=torch.float32)  # llama.cpp writes into it

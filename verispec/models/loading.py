@@ -51,7 +51,7 @@ def load_model(
     on the int4 backends in float32 is built from its blocks (`verispec.models.gguf_direct`: seconds, no float
     copy); every other case loads float weights (for the embedded pair, its float32 conversion: `prepare`).
     `draft_vocab`: N, to slice the output layer to the N most frequent tokens plus the special ones
-    (`verispec.drafters.vocab`) before the weights are packed or quantized; the head then also covers the tokens of
+    (`verispec.models.vocab`) before the weights are packed or quantized; the head then also covers the tokens of
     each decode's context (`verispec.models.reduced_head`), unless `context_vocab` is False.
     """
     check_linear_backend(linear_backend)  # before minutes of loading
@@ -79,7 +79,7 @@ def load_model(
         model, tokenizer = load_pretrained(path, dtype=dtype, device=device)
     vocab_ids = None
     if draft_vocab is not None:
-        from verispec.drafters.vocab import draft_vocabulary
+        from verispec.models.vocab import draft_vocabulary
 
         vocab_ids = draft_vocabulary(tokenizer, draft_vocab, int(model.get_output_embeddings().weight.shape[0]))
         extent = " + the context's" if context_vocab else ""

@@ -10,6 +10,7 @@ from typing import Any
 
 from verispec.errors import ConfigError, IncompatibleModelsError
 from verispec.models.hf import HFCausalLM
+from verispec.models.protocol import CausalLM
 
 
 def check_compatible(target: HFCausalLM, draft: HFCausalLM) -> None:
@@ -41,14 +42,12 @@ def encode_prompt(tokenizer: Any, prompt: str, chat_template: bool = True) -> li
     return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
 
-def eos_token_ids(model: HFCausalLM) -> set[int]:
+def eos_token_ids(model: CausalLM) -> set[int]:
     """Return the token ids that end generation: the tokenizer's EOS and the model's generation EOS ids."""
     ids = set()
     if model.tokenizer is not None and model.tokenizer.eos_token_id is not None:
         ids.add(int(model.tokenizer.eos_token_id))
-    # a torch model's generation config, or one a model without a torch module carries itself (llama.cpp's)
-    generation_config = getattr(model, "generation_config", None) or getattr(model.model, "generation_config", None)
-    configured = getattr(generation_config, "eos_token_id", None)
+    configured = getattr(model.generation_config, "eos_token_id", None)  # a generation config need not name one
     if configured is not None:
         ids.update([configured] if isinstance(configured, int) else configured)
     return ids

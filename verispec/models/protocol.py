@@ -1,10 +1,12 @@
-"""The small model protocol the engine needs: a forward that appends to a KV cache, and rollback."""
+"""The small model protocol the engine needs: a forward that appends to a KV cache, and rollback; and what the
+rest of verispec reads of a model (its context, hidden width, kernels, reduced head, thread pool), with the defaults
+a backend that has none of these inherits from `ModelDefaults`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -27,11 +29,27 @@ class CausalLM(Protocol):
     `forward(tokens)` runs the model over `tokens` as a continuation of the cached ones and appends them to the
     cache; `truncate(n)` rolls the cache back to its first n tokens; `keep(positions)` keeps one path of a tree.
     Rollback is exact: after truncate(n) and a re-feed, the logits equal those of a fresh forward over the same
-    sequence.
+    sequence. The data members below describe the model; `ModelDefaults` gives each a default.
     """
 
     name: str
-    vocab_size: int
+    vocab_size: int  # V: the width of the logits every forward returns
+    context_length: int | None  # positions the model handles (the pre-flight check's limit); None: it does not say
+    hidden_size: int | None  # H of the hidden states `forward(return_hidden=True)` returns; None: it returns none
+    dtype: torch.dtype  # its weights' and KV cache's dtype (the server's memory bound counts the cache in it)
+    device: torch.device  # where it computes (logits always come back on the CPU)
+    config: Any  # its transformers config (layer and head counts: FLOPs, memory bounds), None when unknown
+    tokenizer: Any  # its Hugging Face tokenizer, None for a model without one
+    generation_config: Any  # its transformers generation config (EOS ids beside the tokenizer's), None when unknown
+    linear_backend: str  # the `--linear-backend` in effect ("torch": transformers' own; "llama.cpp": llama.cpp's)
+    linear_kernel: str  # what runs its linears, as the outputs report it
+    decoder_loop: str | None  # which decoder loop runs a transformers model; None: not a transformers model
+    # forwards over more than this many tokens run other kernels than decode passes (the int4 path's prompt copies),
+    # so the engine reads a prompt apart from a block drafted on top of it; None: the same kernels at every length
+    prompt_rows: int | None
+    vocab_ids: torch.Tensor | None  # [N] long, sorted: the fixed token ids of a reduced head; None: the full head
+    draft_vocab: int | None  # N of a reduced head, None for the full head
+    own_thread_pool: bool  # computes on a thread pool of its own, not torch's (`verispec.models.threads`)
 
     @property
     def cache_length(self) -> int:
@@ -60,7 +78,28 @@ class CausalLM(Protocol):
         ...
 
 
-class TreeCachedLM:
+class ModelDefaults:
+    """The `CausalLM` data members' defaults, for a backend without them: no stated context or hidden states, CPU
+    float32, torch's threads, transformers' linears untouched, the full vocabulary. A backend inherits this and
+    overrides what it knows (as attributes or properties)."""
+
+    context_length: int | None = None
+    hidden_size: int | None = None
+    dtype: torch.dtype = torch.float32
+    device: torch.device = torch.device("cpu")
+    config: Any = None
+    tokenizer: Any = None
+    generation_config: Any = None
+    linear_backend: str = "torch"
+    linear_kernel: str = "the backend's own"
+    decoder_loop: str | None = None
+    prompt_rows: int | None = None
+    vocab_ids: torch.Tensor | None = None
+    draft_vocab: int | None = None
+    own_thread_pool: bool = False
+
+
+class TreeCachedLM(ModelDefaults):
     """The part of a `CausalLM` that tracks the cache's ancestry in a `CacheTree` (`self._tree`, which subclasses
     reset, truncate and rebuild with their own cache): the cache length, and a `forward` that records the new
     tokens in the tree before `_run` computes their outputs."""

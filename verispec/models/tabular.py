@@ -19,6 +19,8 @@ from verispec.models.tree import CacheTree
 class TabularLM(TreeCachedLM):
     """An autoregressive model whose conditionals are an explicit function of the prefix."""
 
+    hidden_size = 1  # its hidden states are zeros, one per position: what SPRINTER's tests feed a verifier
+
     def __init__(self, vocab_size: int, seed: int, sharpness: float = 1.0, name: str = "tabular") -> None:
         assert vocab_size >= 2, "a tabular model needs at least 2 tokens"
         self.vocab_size = vocab_size

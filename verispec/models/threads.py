@@ -51,7 +51,7 @@ class ThreadedForward:
 
 def runs_own_threads(model: CausalLM | None) -> bool:
     """Return whether `model` computes on a thread pool of its own (not torch's)."""
-    return bool(getattr(model, "own_thread_pool", False))
+    return model is not None and model.own_thread_pool
 
 
 @contextmanager

@@ -25,7 +25,7 @@ def load_native(sources: Path | tuple[Path, ...], name: str, isa: str | None = N
     editing any one rebuilds)."""
     from torch.utils import cpp_extension  # imported here: it pulls in the compiler tooling
 
-    from verispec.models.cache import cache_dir
+    from verispec.cache import cache_dir
 
     level = isa or best_isa()
     # -ffp-contract=off: every float multiply and add is rounded as written (the kernels' fused ones are explicit

@@ -40,8 +40,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from verispec.cache import cache_dir
 from verispec.errors import ConfigError
-from verispec.models.cache import cache_dir
 from verispec.models.manifest import scratch_file, sha256_file
 from verispec.provenance import cpu_description
 

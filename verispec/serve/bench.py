@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from verispec.bench.datasets import BUILTIN_PROMPTS
+from verispec.prompt_sets import BUILTIN_PROMPTS
 from verispec.provenance import provenance
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from verispec.engine import DecodeConfig
 from verispec.methods import get_method
+from verispec.models.protocol import CausalLM
 
 MAX_BODY_BYTES = 4 << 20  # a full 32k-token prompt in JSON with every character escaped is under 1 MiB
 MAX_PATHS = 16  # verispec.paths (K)
@@ -53,12 +53,9 @@ class ModelShape:
     dtype_bytes: int
 
 
-def model_shape(model: Any) -> ModelShape:
+def model_shape(model: CausalLM) -> ModelShape:
     """Return `model`'s shape; a model that states no config counts as attention-free (its vocabulary remains)."""
-    module = getattr(model, "model", None)
-    config = getattr(model, "config", None) or getattr(module, "config", None)
-    dtype = getattr(module, "dtype", None)
-    dtype_bytes = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
+    config, dtype_bytes = model.config, model.dtype.itemsize
 
     def read(name: str) -> int:
         value = getattr(config, name, None)
@@ -68,7 +65,7 @@ def model_shape(model: Any) -> ModelShape:
     head_dim = read("head_dim") or (hidden // heads if heads else 0)
     kv_heads = read("num_key_value_heads") or heads
     kv_bytes = 2 * read("num_hidden_layers") * kv_heads * head_dim * dtype_bytes
-    vocab = getattr(model, "vocab_size", None) or read("vocab_size")
+    vocab = model.vocab_size
     return ModelShape(int(vocab), kv_bytes, heads, hidden, read("intermediate_size"), dtype_bytes)
 
 

@@ -70,7 +70,7 @@ class ServerMetrics:
         """Record which models `decoder` (a `verispec.Decoder`) has loaded and the kernels they run."""
         kernels = decoder.linear_kernels()
         for role, model in decoder.loaded_models().items():
-            self.model_info.labels(role, getattr(model, "linear_backend", "?"), kernels[role]).set(1)
+            self.model_info.labels(role, model.linear_backend, kernels[role]).set(1)
 
     def observe_decode(self, method: str, trace: Trace, prompt_tokens: int, completion_tokens: int,
                        gamma: int | None = None) -> None:

@@ -10,11 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from verispec.engine import DecodeConfig
 from verispec.errors import ConfigError
-from verispec.limits import context_length
 from verispec.methods import get_method
 from verispec.processors import LogitProcessors
 from verispec.serve import bounds
@@ -55,7 +52,7 @@ def raw_prompt_ids(tokenizer: Any, prompt: str | list[str]) -> list[int]:
 def context_limit(decoder: Any, config: Any) -> int | None:
     """Return the longest sequence (prompt + generated tokens) every model a decode with `config` (a DecodeConfig)
     runs accepts, or None."""
-    limits = [n for n in map(context_length, decoder.models_for(config).values()) if n is not None]
+    limits = [m.context_length for m in decoder.models_for(config).values() if m.context_length is not None]
     return min(limits) if limits else None
 
 
@@ -77,7 +74,7 @@ def check_memory(decoder: Any, config: DecodeConfig, n_prompt: int, n_context: i
     the request field to name when the request set neither paths nor gamma (max_tokens, or None)."""
     models = decoder.models_for(config).values()
     need = bounds.request_bytes(map(bounds.model_shape, models), config, n_prompt, n_context)
-    free = bounds.available_bytes({getattr(model, "device", None) or torch.device("cpu") for model in models})
+    free = bounds.available_bytes({model.device for model in models})
     if free is None or need <= bounds.MEMORY_SHARE * free:
         return
     param = "verispec.paths" if config.paths > 1 else "verispec.gamma" if bounds.draft_length(config) > 1 else given

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from verispec.native.laws import law_kernel
 from verispec.verify.common import BlockLaw, VerifyResult, check_block_shapes, drafted_probs, draw
+from verispec.verify.kernels import law_kernel
 
 
 def block_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
@@ -14,7 +14,8 @@ def block_verify_law(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tenso
 
     draft_tokens: [γ] long; q: [γ, V] draft conditionals q(·|x^i); p: [γ+1, V] target conditionals p(·|x^i).
     `q` may be any draft law the block was actually drawn from (GBV passes its skewed draft, §2.4).
-    use_kernel=False: ρ by torch only (`verispec.native.laws` computes the same sums in one pass per row).
+    use_kernel=False: ρ by torch only (a registered kernel, `verispec.verify.kernels`, computes the same sums in one
+    pass per row).
     """
     check_block_shapes(draft_tokens, q, p)
     p, q = p.to(torch.float64), q.to(torch.float64)

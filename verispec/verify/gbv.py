@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.native.laws import law_kernel
 from verispec.verify.block import block_verify_law
 from verispec.verify.common import MIN_DRAFT_PROB, BlockLaw, draw
+from verispec.verify.kernels import law_kernel
 from verispec.verify.tree import MultiPathResult, PathLaws, PrefixTree, build_prefix_tree, check_paths_shapes
 
 # A token is ranked by its ratio key when its draft probability at the node is at least
@@ -146,7 +146,7 @@ def node_step(p_u: torch.Tensor, q_u: torch.Tensor, children: Sequence[int], mas
               min_q: float, min_share: float, skew_out: torch.Tensor, use_kernel: bool = True) -> tuple[int, float]:
     """Write q_skew(·|u) (§2.3) to `skew_out` [V] and return (the child selected at node u, the q-mass below it).
 
-    By the C++ kernel where it runs (`use_kernel` and `verispec.native.laws`), else by `node_order`,
+    By the registered kernel where it runs (`use_kernel` and `verispec.verify.kernels`), else by `node_order`,
     `skewed_draft` and `select_child`, the reference. Both select by one `NodeOrder`, so selection and skew share
     one total order (§2.2).
     """

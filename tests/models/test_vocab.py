@@ -10,12 +10,12 @@ import torch
 from tests.device import on_test_device
 from tests.stats import max_abs_diff, target_law
 from tests.verify.exact import speculative_law
-from verispec.drafters.vocab import draft_vocabulary, reduced_vocabulary, special_token_ids
 from verispec.drafters.vocab_ranking import count_tokens, rank_tokens
 from verispec.errors import ConfigError
 from verispec.models.hf import HFCausalLM
 from verispec.models.tabular import TabularLM
 from verispec.models.tiny import tiny_qwen2
+from verispec.models.vocab import draft_vocabulary, reduced_vocabulary, special_token_ids
 from verispec.sampling import SamplingConfig, process_logits
 from verispec.verify import BlockLaw, block_verify_law, gbv_verify_law, token_verify_law
 

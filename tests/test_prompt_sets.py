@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from verispec.bench import datasets
-from verispec.bench.datasets import BUILTIN_PROMPTS, DatasetMissingError, load_prompts
+from verispec import prompt_sets as datasets
 from verispec.errors import ConfigError
+from verispec.prompt_sets import BUILTIN_PROMPTS, DatasetMissingError, load_prompts
 
 SPEC_ROWS = [
     {"question_id": 1, "category": "writing", "turns": ["Write a poem.", "Now shorter."]},

@@ -48,7 +48,7 @@ def load_ranking(tokenizer: Any) -> list[int]:
     path = ranking_path(tokenizer_fingerprint(tokenizer))
     if not path.is_file():
         raise ConfigError(f"no token-frequency ranking ships for this tokenizer ({type(tokenizer).__name__}, "
-                          f"{len(tokenizer)} tokens): build one with `python -m verispec.drafters.vocab_ranking build "
+                          f"{len(tokenizer)} tokens): build one with `python -m verispec.drafters.vocab_cli build "
                           f"--tokenizer <model folder>`")
     return np.load(path).astype(np.int64).tolist()
 
