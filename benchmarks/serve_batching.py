@@ -101,6 +101,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", default="humaneval", help="prompt source (verispec.prompt_sets)")
     parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--subset-seed", type=int, default=None, help="shuffle the prompts with it (default: in order)")
     parser.add_argument("--methods", nargs="+", default=["ar", "sd"])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--max-batch", type=int, default=4)
@@ -114,7 +115,7 @@ def main() -> None:
     args = parser.parse_args()
     # SIGTERM (a `timeout`, a job's end) unwinds like Ctrl-C, so that the servers are stopped, not orphaned
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    prompts = [p.text for p in load_prompts(args.source, limit=args.prompts)]
+    prompts = [p.text for p in load_prompts(args.source, limit=args.prompts, seed=args.subset_seed)]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     logs = Path(tempfile.gettempdir()) / out.stem  # the servers' own logs, not results

@@ -29,6 +29,7 @@ from verispec.models.int4 import (
 )
 from verispec.models.quantized import QuantizedLinear, quantized_engine
 from verispec.models.tiny import perturb, tiny_qwen2, tiny_tokenizer
+from verispec.verify.tree import PrefixTree
 
 pytestmark = pytest.mark.skipif(quantized_engine() is None, reason="this torch build has no fbgemm engine")
 
@@ -242,7 +243,7 @@ def test_a_block_drafted_on_a_prompt_is_scored_as_ar_would_score_it(paths):
     assert model.prompt_rows == PROMPT_ROWS
     prompt = [3 + (7 * i) % 37 for i in range(PROMPT_ROWS + 8)]
     model.reset()
-    logits, tree, fed = tree_pass(model, prompt, SimpleNamespace(tokens=paths))
+    logits, tree, fed = tree_pass(model, prompt, SimpleNamespace(tokens=paths, tree=PrefixTree.of(paths)))
     assert fed == len(prompt) + len(tree.tokens)
     scored = path_rows(logits, tree)
     for k, path in enumerate(paths):
