@@ -102,8 +102,8 @@ def add_decode_options(parser: argparse.ArgumentParser) -> None:
                              "T > 0; lossless: only the draft length changes; default: never)")
     parser.add_argument("--prompt-chunk", type=int, default=DecodeConfig.prompt_chunk, metavar="N",
                         help="read the prompt in passes of at most N tokens (a batched server's long prompts then "
-                             "run beside the other requests; `serve --max-batch` > 1 reads in 64s unless given; "
-                             "0: in one pass; default: one pass)")
+                             "run beside the other requests' rounds, measured slower than one pass; 0 or not given: "
+                             "one pass)")
 
 
 class _LogitBias(argparse.Action):

@@ -154,10 +154,10 @@ def test_the_draft_length_follows_the_load_only_where_it_cannot_change_tokens_un
     assert build_parser().parse_args(["serve"]).max_batch == ServeConfig().max_batch == 4
 
 
-@pytest.mark.parametrize(("argv", "chunk"), [([], 64), (["--max-batch", "1"], None), (["--prompt-chunk", "0"], None),
+@pytest.mark.parametrize(("argv", "chunk"), [([], None), (["--max-batch", "1"], None), (["--prompt-chunk", "0"], None),
                                              (["--prompt-chunk", "16"], 16), (["--max-batch", "1", "--prompt-chunk",
                                                                                "8"], 8)])
-def test_a_batched_server_reads_prompts_in_chunks_unless_told(argv, chunk):
+def test_a_server_reads_prompts_in_one_pass_unless_told(argv, chunk):
     from verispec.cli import build_parser
     from verispec.serve.cli import serve_config
 

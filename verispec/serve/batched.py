@@ -57,7 +57,7 @@ class BatchedWorker(EngineWorker):
                  ", ".join(shared) or "none",
                  f" ({', '.join(alone)}: off verispec's kernels, one pass at a time)" if alone else "",
                  f"in passes of at most {chunk} tokens (as `verispec generate --prompt-chunk {chunk}` reads them)"
-                 if chunk else "in one pass (--prompt-chunk 0: a long prompt holds up the other requests)")
+                 if chunk else "in one pass")
         self._helpers = [Helper(engines()) for _ in range(self.config.max_batch - 1)]
         for index, helper in enumerate(self._helpers, 1):
             threading.Thread(target=self._help, args=(helper,), name=f"verispec-slot-{index}", daemon=True).start()

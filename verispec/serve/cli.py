@@ -9,7 +9,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from verispec.serve.config import BATCH_PROMPT_CHUNK, LOAD_GAMMA, ServeConfig
+from verispec.serve.config import LOAD_GAMMA, ServeConfig
 
 if TYPE_CHECKING:  # the web stack is imported on first use
     import uvicorn
@@ -60,14 +60,14 @@ def draining_server(config: uvicorn.Config, backend: Backend, grace: float) -> u
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
-    """Return the server settings `verispec serve`'s options describe: a batched server reads prompts in chunks of
-    BATCH_PROMPT_CHUNK tokens unless --prompt-chunk says otherwise (0: in one pass)."""
+    """Return the server settings `verispec serve`'s options describe. Prompts are read in one pass unless
+    --prompt-chunk says otherwise: measured on dev prompts at 4 clients (BENCHMARKS.md §8), 64-token chunks beside
+    the other requests' rounds gave 0.65x (`ar`) and 0.75x (`sd`) the tokens/s of prompts read whole, and a longer
+    inter-token latency too: a chunk on the decode kernels costs every round of the batch far more than the prompt
+    kernels' one pass."""
     from verispec.options import decode_config
 
-    defaults = decode_config(args)
-    if args.prompt_chunk is None and args.max_batch > 1:  # not given: long prompts must not stall the batch
-        defaults = defaults.with_settings(prompt_chunk=BATCH_PROMPT_CHUNK)
-    return ServeConfig(defaults=defaults, model_name=args.model_name, max_queue=args.max_queue,
+    return ServeConfig(defaults=decode_config(args), model_name=args.model_name, max_queue=args.max_queue,
                        max_batch=args.max_batch, load_gamma=args.load_gamma, time_limit=args.time_limit,
                        shutdown_grace=args.shutdown_grace)
 

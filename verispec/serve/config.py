@@ -6,12 +6,8 @@ from dataclasses import dataclass, field
 
 from verispec.engine import DecodeConfig
 from verispec.errors import ConfigError
-from verispec.models.int4 import PROMPT_ROWS
 
 LOAD_GAMMA = ("greedy", "always", "off")
-# A batched server's prompt passes (`verispec serve --max-batch` > 1, unless --prompt-chunk says otherwise): the most
-# rows the decode kernels take, so that a chunk shares the other sequences' batched pass (verispec.models.batched)
-BATCH_PROMPT_CHUNK = PROMPT_ROWS
 
 
 @dataclass(frozen=True)
