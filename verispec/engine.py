@@ -325,8 +325,8 @@ def read_prompt(models: list[tuple[CausalLM, str]], tokens: list[int], chunk: in
     for the whole prompt, read in chunks they go on between its chunks (`verispec.serve.batched`). On the row-exact
     paths (int4, int8) a chunk of at most the decode kernels' rows (`prompt_rows`) gives every position the bits
     of one-token passes, so the tokens are the same for any such chunk; a longer prompt read whole runs other
-    kernels (the prompt copies). So a decode reads its prompt the same way alone and in a batch only with the same
-    setting."""
+    kernels (attention over the whole prompt at once; prompt copies where the host makes them). So a decode reads
+    its prompt the same way alone and in a batch only with the same setting."""
     fed = len(tokens) - 1
     for model, role in models:
         t0 = time.perf_counter()
@@ -352,9 +352,10 @@ def tree_pass(decoder: CausalLM, tokens: list[int], block: DraftBlock) -> tuple[
     new = tokens[decoder.cache_length :]
     prompt_rows = decoder.prompt_rows
     if prompt_rows is not None and len(new) > 1 and tree.tokens and len(new) + len(tree.tokens) > prompt_rows:
-        # This decoder runs forwards over more than `prompt_rows` tokens on other kernels than decode passes (the
-        # int4 path's prompt copies): read the committed tokens alone, as `ar` reads its prompt, so that the block's
-        # positions (and the cache entries kept from them) come from the kernels `ar` computes them with.
+        # This decoder runs forwards over more than `prompt_rows` tokens on other kernels than decode passes (a
+        # prompt's attention, and prompt copies where the host makes them): read the committed tokens alone, as `ar`
+        # reads its prompt, so that the block's positions (and the cache entries kept from them) come from the
+        # kernels `ar` computes them with.
         root = decoder.forward(new, n_logits=1).logits
         parents = None if tree.is_chain else [base - 1 if parent < 0 else base + parent for parent in tree.parents]
         nodes = decoder.forward(tree.tokens, n_logits=len(tree.tokens), parents=parents).logits

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as GGML
 from tests.models.gguf_cases import LAYER_TYPES, write_tiny_gguf
 from tests.models.protocol_cases import fresh_logits, rollback_case, tree_case
 from verispec.errors import ConfigError, ModelFilesError
-from verispec.models import gguf_direct
+from verispec.models import gguf_direct, prompt_linear
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.gguf_blocks import four_bit_levels
 from verispec.models.gguf_file import GGUFFile
@@ -109,7 +109,17 @@ def test_the_protocol_is_exact_on_a_direct_model(tmp_path):
         assert torch.equal(row, plain)
 
 
-def test_prompt_copies_are_built_on_the_first_long_forward(tmp_path):
+def test_no_prompt_copies_where_the_kernels_read_prompts(tmp_path, monkeypatch):
+    monkeypatch.setattr(prompt_linear, "amx_available", lambda: False)
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    model = load_model(str(path), "target", linear_backend="int4")
+    assert all(layer.prompt_linear is None for layer in layers(model).values())
+    assert build_prompt_copies(model.model) == 0 and "copy" not in model.linear_kernel
+    fresh_logits(model, [i % 60 for i in range(PROMPT_ROWS + 1)], 1)  # a prompt on the decode kernels
+
+
+def test_prompt_copies_are_built_on_the_first_long_forward(tmp_path, monkeypatch):
+    monkeypatch.setattr(prompt_linear, "amx_available", lambda: True)  # where copies are made: bfloat16 ones
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
     model = load_model(str(path), "target", linear_backend="int4")
     copies = [layer.prompt_linear for layer in layers(model).values() if layer.prompt_linear is not None]

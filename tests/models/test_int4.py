@@ -68,6 +68,39 @@ def test_weights_on_no_grid_are_reported_as_such():
     assert grid_4bit(weight)[3] < 0.01
 
 
+def documented_layout(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """The packed layout int4_linear.cpp describes, built byte by byte: per quad of 16-row blocks, group and block,
+    byte 64p + 4j + b holds row j's input 4p + b in its low nibble and 4(p + 4) + b in its high one; then the 16
+    rows' float16 scales and offsets."""
+    n, k = q.shape
+    out = torch.zeros(n // 64, k // GROUP, 4, 320, dtype=torch.uint8)
+    halves = [v.float().half().view(torch.uint8).reshape(n, k // GROUP, 2) for v in (scale, offset)]
+    for row in range(n):
+        quad, block, j = row // 64, row // 16 % 4, row % 16
+        for g in range(k // GROUP):
+            levels = q[row, g * GROUP: (g + 1) * GROUP]
+            cell = out[quad, g, block]
+            for p in range(4):
+                low, high = levels[4 * p: 4 * p + 4], levels[4 * p + 16: 4 * p + 20]
+                cell[64 * p + 4 * j: 64 * p + 4 * j + 4] = low | (high << 4)
+            cell[256 + 2 * j: 258 + 2 * j], cell[288 + 2 * j: 290 + 2 * j] = halves[0][row, g], halves[1][row, g]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_packed_layout_is_the_documented_one(dtype):
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randint(0, 16, (128, 96), generator=gen, dtype=torch.uint8)
+    # scales that float16 must round (half-way cases included), and offsets of both signs
+    scale = (torch.rand(128, 3, generator=gen) * 0.01 + torch.tensor(1 + 2.0**-11)).to(dtype)
+    offset = (torch.randn(128, 3, generator=gen) * 0.1).to(dtype)
+    packed = int4.pack(q, scale, offset)
+    assert packed.shape == (2, 3, 4, 320) and torch.equal(packed, documented_layout(q, scale, offset))
+    layer = Int4Linear(q, scale, offset, None)
+    expected = q.float().reshape(128, 3, GROUP) * scale.half().float()[..., None] + offset.half().float()[..., None]
+    assert torch.equal(layer.dequantized(), expected.reshape(128, 96))
+
+
 def reference(layer: Int4Linear | Int8RowLinear, x: torch.Tensor) -> torch.Tensor:
     """x quantized per token as the kernel does (x * 127 / max|x|, half to even), then float64 products."""
     peak = x.abs().amax(1, keepdim=True).clamp_min(1e-30)

@@ -47,19 +47,21 @@ def test_amx_is_detected_as_the_cpu_reports_it():
     assert prompt_linear.amx_available() == ("amx_tile" in flags and prompt_linear.onednn_bf16())
 
 
-def test_auto_takes_bfloat16_exactly_where_the_cpu_has_amx(monkeypatch):
-    for amx, expected in ((True, "bf16"), (False, "int8")):
+def test_auto_takes_bfloat16_where_the_cpu_has_amx_and_no_copy_elsewhere(monkeypatch):
+    for amx, expected in ((True, "bf16"), (False, "none")):
         monkeypatch.setattr(prompt_linear, "amx_available", lambda amx=amx: amx)
         assert prompt_format() == expected
-        assert prompt_format("int8") == "int8" and prompt_format("bf16") == "bf16"
-    assert "bfloat16" in prompt_copy("bf16") and "int8" in prompt_copy("int8")
+        for choice in ("none", "int8", "bf16"):
+            assert prompt_format(choice) == choice
+    assert "bfloat16" in prompt_copy("bf16") and "int8" in prompt_copy("int8") and "same" in prompt_copy("none")
     weight = torch.randn(64, 32)
     assert isinstance(prompt_layer(weight, None, "bf16"), Bf16Linear)
     assert isinstance(prompt_layer(weight, None, "int8"), QuantizedLinear)
+    assert prompt_layer(weight, None, "none") is None
 
 
 def test_an_unknown_prompt_copy_format_is_a_clear_error():
-    with pytest.raises(ConfigError, match="unknown prompt copy format 'fp8'.*auto, int8, bf16"):
+    with pytest.raises(ConfigError, match="unknown prompt copy format 'fp8'.*auto, none, int8, bf16"):
         prompt_format("fp8")
     with pytest.raises(ConfigError, match="unknown prompt copy format"):
         use_int4_linears(tiny_qwen2(64, seed=0, hidden=64, dtype=torch.float32), prompt="fp8")
@@ -84,18 +86,20 @@ def test_prompt_sized_forwards_of_each_kernel_layer_run_the_bfloat16_copy():
 
 
 @pytest.mark.parametrize("amx", [True, False])
-def test_every_layer_but_the_lm_head_gets_a_prompt_copy_in_the_hosts_format(monkeypatch, amx):
+def test_every_layer_but_the_lm_head_gets_a_prompt_copy_where_the_host_makes_one(monkeypatch, amx):
     monkeypatch.setattr(prompt_linear, "amx_available", lambda: amx)
-    prompt = "bf16" if amx else "int8"
     model = grid_model(seed=1)
     layers = [m.quantized for m in model.model.modules() if hasattr(m, "quantized")]
     head = model.model.get_output_embeddings().quantized
-    kind = Bf16Linear if prompt == "bf16" else QuantizedLinear
-    # (a layer that runs fbgemm's int8 for every forward is its own int8 copy)
-    assert all(isinstance(getattr(layer, "prompt_linear", layer), kind) for layer in layers if layer is not head)
-    assert getattr(head, "prompt_linear", None) is None
-    assert ("a bfloat16 copy" if prompt == "bf16" else "an int8 copy (fbgemm)") in model.linear_kernel
-    # a prompt of more than PROMPT_ROWS tokens runs on the copies and still gives the model's logits
+    kernel_layers = [layer for layer in layers if hasattr(layer, "prompt_linear")]
+    assert kernel_layers and getattr(head, "prompt_linear", None) is None
+    if amx:
+        assert all(isinstance(layer.prompt_linear, Bf16Linear) for layer in kernel_layers if layer is not head)
+        assert "a bfloat16 copy" in model.linear_kernel
+    else:  # the kernels read prompts themselves: no copy of any weight, none named
+        assert all(layer.prompt_linear is None for layer in kernel_layers)
+        assert "copy" not in model.linear_kernel
+    # a prompt of more than PROMPT_ROWS tokens runs on the copies (or the kernels) and still gives the model's logits
     ids = torch.arange(PROMPT_ROWS + 6) % (model.vocab_size - 2) + 2
     logits = model.forward(ids.tolist(), n_logits=1).logits
     exact = fresh_logits(on_grid(seed=1), ids.tolist(), 1)  # the float32 model

@@ -20,7 +20,7 @@ import torch
 
 from verispec.errors import ConfigError
 from verispec.models.int4 import ISA_NAMES, PROMPT_ROWS, use_int4_linears
-from verispec.models.prompt_linear import prompt_copy
+from verispec.models.prompt_linear import prompt_copy, prompt_format
 from verispec.models.quantized import quantized_engine, reduce_range_needed, use_int8_linears
 
 QUANTIZED_BACKENDS = ("int8", "int4", "int4-rounded")  # every token computed on its own (per-token activations)
@@ -30,9 +30,8 @@ KERNELS = {
     "torch": "transformers' own linears ({dtype} weights)",
     "onednn": "oneDNN, packed {dtype} weights",
     "int8": "int8 weights per channel (LM head included), per-token dynamic {bits} activations, fbgemm",
-    "int4": "4-bit weights per 32 inputs in {int4} linears and int8 per row in {int8_rows} (verispec's kernel, {isa}; "
-    "prompts over 64 tokens on {prompt}), int8 per channel in {int8} (fbgemm), per-token dynamic {bits} "
-    "activations",
+    "int4": "4-bit weights per 32 inputs in {int4} linears and int8 per row in {int8_rows} (verispec's kernel, "
+    "{isa}{prompt}), int8 per channel in {int8} (fbgemm), per-token dynamic {bits} activations",
 }
 KERNELS["int4-rounded"] = KERNELS["int4"].replace("linears and", "linears ({int4_rounded} of them rounded to 4 bits) "
                                                                  "and")
@@ -208,7 +207,8 @@ def record_linear_backend(model: Any, applied: str, requested: str, counts: dict
         bits = "7-bit (this CPU's int8 kernel adds in int16)"
     isa = ISA_NAMES[kernel_isa()] if applied in ("int4", "int4-rounded") else ""
     dtype = str(model.model.dtype).removeprefix("torch.")
-    model.linear_kernel = KERNELS[applied].format(bits=bits, prompt=prompt_copy(), isa=isa, dtype=dtype, **counts)
+    prompt = "" if prompt_format() == "none" else f"; prompts over {PROMPT_ROWS} tokens on {prompt_copy()}"
+    model.linear_kernel = KERNELS[applied].format(bits=bits, prompt=prompt, isa=isa, dtype=dtype, **counts)
     if requested == "auto":
         model.linear_kernel += f" (auto's choice for {dtype} weights on {model.device})"
     elif applied != requested:

@@ -6,11 +6,11 @@ search where the GGUF type already answers it: 4-bit blocks are a 4-bit grid (`I
 5-, 6- and 8-bit blocks or float tensors are taken to lie on none (`Int8RowLinear`, or on "int4-rounded" the float
 path's rounding, `grid_4bit`). Shapes the kernel does not take go through `use_int4_linears` itself.
 
-Prompt copies: the float path builds each layer's prompt copy at load (`prompt_layer`: fbgemm's int8 prepack, about
-12 ns per weight on a 2-core Xeon, 16 s for the 1.5B target: more than the rest of the load). Here a layer gets a
+Prompt copies (where the host makes them: `verispec.models.prompt_linear`, bfloat16 on CPUs with AMX; elsewhere the
+kernels read prompts themselves): the float path builds each layer's copy at load. Here a layer gets a
 `LazyPromptCopy`, built from the weights the layer computes with (`dequantized()`) on the first forward over more
-than `PROMPT_ROWS` tokens: the first long prompt pays it (measured on the target, one thread of a shared 2-core Xeon:
-33 s, against 2.3 s for the same 200-token prompt after), shorter prompts and decoding never do;
+than `PROMPT_ROWS` tokens: the first long prompt pays it (an int8 copy of the default target took 33 s on one thread
+of a shared 2-core Xeon, against 2.3 s for the same 200-token prompt after), shorter prompts and decoding never do;
 `build_prompt_copies` builds them up front where a timed run must not pay.
 """
 
@@ -84,10 +84,13 @@ class _LazyBf16Copy(LazyPromptCopy, Bf16Linear):
 
 
 def lazy_prompt_copy(layer: Int4Linear | Int8RowLinear, bias: torch.Tensor | None, choice: str = "auto"
-                     ) -> LazyPromptCopy:
-    """Return the prompt copy of `layer`, to be built from `layer.dequantized()` on its first call."""
-    kind = _LazyBf16Copy if prompt_format(choice) == "bf16" else LazyPromptCopy
-    return kind(layer.dequantized, bias, choice)
+                     ) -> LazyPromptCopy | None:
+    """Return the prompt copy of `layer`, to be built from `layer.dequantized()` on its first call; None where the
+    format is "none" (the layer reads prompts itself)."""
+    kind = prompt_format(choice)
+    if kind == "none":
+        return None
+    return (_LazyBf16Copy if kind == "bf16" else LazyPromptCopy)(layer.dequantized, bias, choice)
 
 
 def kernel_layer(module: torch.nn.Linear, weight: Callable[[], torch.Tensor], levels: tuple | None = None,

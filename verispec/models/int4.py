@@ -17,6 +17,7 @@ are bit-identical alone or inside any batch (tested).
 
 from __future__ import annotations
 
+import math
 import mmap
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,12 @@ ROWS = 16  # output rows per packed block (one AVX-512 vector)
 QUAD = 4  # blocks stored interleaved, group by group
 HUGE_PAGE = 2 << 20  # bytes; packed weights at least this large go to memory backed by huge pages
 ON_GRID = 0.99  # a layer goes to 4 bits when at least this share of its groups lies exactly on a 4-bit grid
-PROMPT_ROWS = 64  # forwards over more tokens than this (prompts) run a layer's prompt copy (see KernelLinear)
+PROMPT_ROWS = 64  # forwards over more tokens than this (prompts) run a layer's prompt copy, if any (see KernelLinear)
 # Off-grid layers with at most this many inputs run the kernel's 8-bit path (it sums in int32), wider ones fbgemm's.
 MAX_INT8_INPUTS = 1 << 16
 SOURCE = Path(__file__).resolve().parent.parent / "native" / "int4_linear.cpp"
 # The kernel and its Python module, each compiled once and linked.
-SOURCES = (SOURCE, SOURCE.parent / "int4_module.cpp")
+SOURCES = (SOURCE, SOURCE.parent / "int4_pack.cpp", SOURCE.parent / "int4_module.cpp")
 # The header they share and the kernel's instruction-set paths: AVX-512 VNNI, AMX tiles (8-bit passes), AVX2 /
 # AVX-VNNI (256-bit).
 INCLUDES = tuple(SOURCE.parent / name for name in ("int4_linear.h", "int4_avx512.h", "int4_amx.h", "int4_avx2.h"))
@@ -103,35 +104,35 @@ def _lower_tops(g: torch.Tensor, low: torch.Tensor, span: torch.Tensor, scale: t
 
 def pack(q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     """Return the kernel's layout of 4-bit weights: [out/64, in/32, 4, 320] uint8, per quad of 16-row blocks, group
-    and block: 256 bytes of packed levels, 16 float16 scales, 16 float16 offsets (described in int4_linear.cpp)."""
+    and block: 256 bytes of packed levels, 16 float16 scales, 16 float16 offsets (described in int4_linear.cpp),
+    written by the kernel's `pack4_into` (int4_pack.cpp) into memory on 2 MiB pages."""
     n, k = q.shape
-    quads, groups = n // (QUAD * ROWS), k // GROUP
-    levels = q.reshape(quads, QUAD, ROWS, groups, 8, 4).permute(0, 3, 1, 4, 2, 5)  # [quad, group, block, 8, row, 4]
-    nibbles = (levels[:, :, :, :4] | (levels[:, :, :, 4:] << 4)).reshape(quads, groups, QUAD, 256)
-
-    def per_cell(v: torch.Tensor) -> torch.Tensor:  # [out, groups] -> [quad, group, block, 32] bytes of float16
-        halves = v.float().half().reshape(quads, QUAD, ROWS, groups).permute(0, 3, 1, 2).contiguous()
-        return halves.view(torch.uint8)
-
-    packed = torch.cat([nibbles, per_cell(scale), per_cell(offset)], dim=3)
-    return huge_page_copy(packed)
+    out = huge_page_empty((n // (QUAD * ROWS), k // GROUP, QUAD, 320), torch.uint8)
+    extension().pack4_into(q.to(torch.uint8).contiguous(), scale.float().contiguous(), offset.float().contiguous(),
+                           out)
+    return out
 
 
-def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
-    """Return a contiguous copy of `t` in memory backed by 2 MiB pages where the system allows it (Linux THP in
-    "madvise" mode), else a plain copy.
+def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Return an uninitialized contiguous tensor in memory backed by 2 MiB pages where the system allows it (Linux
+    THP in "madvise" mode), else a plain one.
 
     Why: a decode step streams every weight once; with 4 KiB pages the stream misses the TLB every 4 KiB and the
     4-bit kernel read its weights at about 11 GB/s against fbgemm's 19 (measured on 24 layers of 1536 x 8960 that
     do not fit in cache); on 2 MiB pages, 15 GB/s and 0.83x of fbgemm's time per layer."""
-    nbytes = t.numel() * t.element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return t.contiguous().clone()
+        return torch.empty(shape, dtype=dtype)
     region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     region.madvise(mmap.MADV_HUGEPAGE)
     raw = torch.frombuffer(region, dtype=torch.uint8)  # keeps `region` alive as long as the tensor lives
     start = (-raw.data_ptr()) % HUGE_PAGE
-    out = raw[start: start + nbytes].view(t.dtype).view(t.shape)
+    return raw[start: start + nbytes].view(dtype).view(shape)
+
+
+def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
+    """Return a contiguous copy of `t` on 2 MiB pages where the system allows it (`huge_page_empty`)."""
+    out = huge_page_empty(tuple(t.shape), t.dtype)
     out.copy_(t)
     return out
 
@@ -139,11 +140,11 @@ def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
 class KernelLinear:
     """What the kernel's layers share: the call, the prompt-size switch and the output's dtype and shape.
 
-    `prompt_linear`: the layer to run forwards of more than `PROMPT_ROWS` tokens instead (a copy of the same weights
-    in int8 on fbgemm, or in bfloat16 on oneDNN where the CPU has AMX: `verispec.models.prompt_linear`): on a
-    prompt-sized batch the 4-bit kernel is compute-bound at about 1.7x fbgemm's time (its per-group float scaling),
-    while decode and verify passes are bound by the bytes read. Every method reads its prompt in one such forward,
-    so prompt positions are computed alike for all and greedy `sd` still reproduces greedy `ar`.
+    `prompt_linear`: the layer to run forwards of more than `PROMPT_ROWS` tokens instead, or None for the layer
+    itself: a copy of the same weights in bfloat16 on oneDNN where the CPU has AMX tiles, which multiply a prompt
+    several times faster (`verispec.models.prompt_linear`; elsewhere the kernel reads prompts as fast as any copy).
+    Every method reads its prompt in one such forward, so prompt positions are computed alike for all and greedy
+    `sd` still reproduces greedy `ar`.
     """
 
     out_features: int

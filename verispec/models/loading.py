@@ -106,7 +106,8 @@ def gguf_blocks_file(spec: str | None, role: str, linear_backend: str = DEFAULT_
 
 def _builds_direct(spec: str | None, backend: str, device: str, dtype: str | torch.dtype) -> bool:
     """Whether `spec` on `backend` is built from GGUF blocks: a GGUF model, an int4 backend, float32 on the CPU, and
-    torch's fbgemm engine present (the prompt copies need it; without it the float path falls back to torch)."""
+    torch's fbgemm engine present (layers the kernel does not take need it; without it the float path falls back
+    to torch)."""
     return (is_gguf_spec(spec) and backend in ("int4", "int4-rounded") and torch.device(device).type == "cpu"
             and parse_dtype(dtype) == torch.float32 and quantized_engine() is not None)
 

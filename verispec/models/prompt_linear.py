@@ -1,16 +1,19 @@
-"""The layer that reads prompts on the int4 path: an int8 copy on fbgemm, or a bfloat16 copy on oneDNN where the CPU
-has AMX tiles.
+"""What reads prompts on the int4 path: the decode kernels themselves, or, where the CPU has AMX tiles, a bfloat16
+copy of the weights on oneDNN.
 
-Why: a prompt-sized forward is bound by arithmetic, not by the bytes read, so it runs on a copy of the weights in
-whatever format this CPU multiplies fastest (the 4-bit kernel does float work per group of 32 inputs and is slower
-there). Without AMX that is fbgemm's int8 kernel (AVX-512 VNNI or AVX2). With AMX (Intel Xeon since Sapphire
-Rapids), oneDNN multiplies bfloat16 tiles several times faster than fbgemm's int8 (measured:
-`benchmarks/prompt_linears.py`), and the prompt round is a large share of a decode on long prompts. Every method
-reads its prompt in one such forward, so prompt positions are computed alike for all methods, and a row's outputs
-do not depend on the other rows (no activation scale is shared across the batch).
+Why: a prompt-sized forward is bound by arithmetic, not by the bytes read. Without AMX, verispec's 4-bit kernel reads
+a whole prompt as fast as a copy of the weights in fbgemm's int8 (the default target's prompt forward at 100, 300 and
+900 tokens: 1.03x, 1.12x and 0.99x the int8 copy's time, the draft's 0.80-0.91x, on AVX-512 VNNI; its layers
+0.66-0.89x fbgemm's at 64 and 256 tokens on AVX2: `benchmarks/prompt_linears.py`), so no copy is made: a copy cost
+2.2 GB of memory and 25-36 s to build for the default pair. With AMX (Intel Xeon since Sapphire Rapids), oneDNN
+multiplies bfloat16 tiles several times faster than the int8 paths, and the prompt round is a large share of a decode
+on long prompts: there the copy pays. Every method reads its prompt in one such forward, so prompt positions are
+computed alike for all methods, and a row's outputs do not depend on the other rows (no activation scale is shared
+across the batch).
 
-Numerics: weights and activations rounded to bfloat16 (8 significant bits), products summed in float32, outputs
-rounded to bfloat16; the int8 copy rounds weights to 8 bits per channel and activations to 8 bits per token.
+Formats (`CHOICES`): "none", the layer's own kernel; "bf16", weights and activations rounded to bfloat16 (8
+significant bits), products summed in float32, outputs rounded to bfloat16; "int8", fbgemm with weights rounded to 8
+bits per channel and activations to 8 bits per token (kept to measure against).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from verispec.errors import ConfigError
 from verispec.models.quantized import QuantizedLinear
 
 PACK_ROWS = 256  # the batch size oneDNN packs the bfloat16 weights for (a typical prompt)
-CHOICES = ("auto", "int8", "bf16")
+CHOICES = ("auto", "none", "int8", "bf16")
 
 
 @functools.cache
@@ -44,20 +47,21 @@ def onednn_bf16() -> bool:
 
 
 def prompt_format(choice: str = "auto") -> str:
-    """Return the prompt copy's format for `choice`, "int8" or "bf16"; "auto" means bf16 on a CPU with AMX and int8
-    elsewhere."""
+    """Return the prompt copy's format for `choice`: "none" (no copy), "int8" or "bf16"; "auto" means bf16 on a CPU
+    with AMX and none elsewhere."""
     if choice not in CHOICES:
         raise ConfigError(f"unknown prompt copy format {choice!r}; choose one of {', '.join(CHOICES)}")
     if choice == "auto":
-        return "bf16" if amx_available() else "int8"
+        return "bf16" if amx_available() else "none"
     return choice
 
 
 def prompt_copy(choice: str = "auto") -> str:
     """Return, in words, what reads prompts on the int4 path (for the outputs' kernel description)."""
-    if prompt_format(choice) == "bf16":
+    kind = prompt_format(choice)
+    if kind == "bf16":
         return "a bfloat16 copy (oneDNN" + (", AMX)" if amx_available() else ")")
-    return "an int8 copy (fbgemm)"
+    return "an int8 copy (fbgemm)" if kind == "int8" else "the same kernels"
 
 
 class Bf16Linear:
@@ -93,8 +97,10 @@ class Bf16Linear:
 
 
 def prompt_layer(weight: torch.Tensor, bias: torch.Tensor | None, choice: str = "auto"
-                 ) -> QuantizedLinear | Bf16Linear:
-    """Return the copy of a linear's weights that reads prompts, in `prompt_format(choice)`."""
-    if prompt_format(choice) == "bf16":
-        return Bf16Linear(weight, bias)
-    return QuantizedLinear(weight, bias)
+                 ) -> QuantizedLinear | Bf16Linear | None:
+    """Return the copy of a linear's weights that reads prompts, in `prompt_format(choice)`; None where that is
+    "none" (the layer reads prompts itself)."""
+    kind = prompt_format(choice)
+    if kind == "none":
+        return None
+    return Bf16Linear(weight, bias) if kind == "bf16" else QuantizedLinear(weight, bias)

@@ -44,8 +44,9 @@ class CausalLM(Protocol):
     linear_backend: str  # the `--linear-backend` in effect ("torch": transformers' own; "llama.cpp": llama.cpp's)
     linear_kernel: str  # what runs its linears, as the outputs report it
     decoder_loop: str | None  # which decoder loop runs a transformers model; None: not a transformers model
-    # forwards over more than this many tokens run other kernels than decode passes (the int4 path's prompt copies),
-    # so the engine reads a prompt apart from a block drafted on top of it; None: the same kernels at every length
+    # forwards over more than this many tokens run other kernels than decode passes (the quantized paths' prompt
+    # attention, and prompt copies where the host makes them), so the engine reads a prompt apart from a block
+    # drafted on top of it; None: the same kernels at every length
     prompt_rows: int | None
     vocab_ids: torch.Tensor | None  # [N] long, sorted: the fixed token ids of a reduced head; None: the full head
     draft_vocab: int | None  # N of a reduced head, None for the full head

@@ -1,5 +1,6 @@
 // The 4-bit and 8-bit linears of int4_linear.cpp (layout and arithmetic described there), declared for the files
-// compiled and linked with it: int4_module.cpp (the int4 extension's Python functions) and decoder.cpp.
+// compiled and linked with it: int4_module.cpp (the int4 extension's Python functions) and decoder.cpp; and the
+// packing of int4_pack.cpp.
 #pragma once
 
 #include <torch/extension.h>
@@ -23,6 +24,10 @@ void linear8_rows(const float* x, int64_t T, int64_t K, const uint8_t* pk, int64
 // Checks of the packed weights' layout: [N/64, K/32, 4, 320] uint8; [N/64, K/32, 4, 512] int8 with scale and rowsum.
 void check_packed4(const torch::Tensor& packed);
 void check_packed8(const torch::Tensor& packed, const torch::Tensor& scale, const torch::Tensor& rowsum);
+
+// The packed layout of 4-bit levels q [N, K] uint8 (0..15) with float32 scale and offset [N, K/32], written into out
+// [N/64, K/32, 4, 320] uint8 (int4_pack.cpp).
+void pack4_into(const torch::Tensor& q, const torch::Tensor& scale, const torch::Tensor& offset, torch::Tensor& out);
 
 // The checked entry points: y [T, N] float32.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias);
