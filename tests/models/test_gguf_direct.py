@@ -238,3 +238,26 @@ def test_profile_measures_a_gguf_model_as_decoding_loads_it(tmp_path):
     cost = measured.models["target"]
     assert cost.linear_backend == "int4"  # auto's choice, built from the blocks as load_model builds it
     assert (cost.params, cost.streamed_params) == count_params(load_pretrained(str(path))[0])
+
+
+def test_folders_with_the_same_tokenizer_files_share_one_parse_and_keep_their_chat_templates(tmp_path):
+    from verispec.models.gguf_direct import shared_tokenizer
+    from verispec.models.tiny import tiny_tokenizer
+
+    folders = []
+    for i, template in enumerate(["{{ 'A: ' + messages[0]['content'] }}", "{{ 'B: ' + messages[0]['content'] }}"]):
+        folder = tmp_path / f"model{i}"
+        tiny_tokenizer().save_pretrained(folder)
+        (folder / "chat_template.jinja").write_text(template)
+        folders.append(folder)
+    first, second = (shared_tokenizer(folder) for folder in folders)
+    assert first._tokenizer is second._tokenizer  # one parse of the vocabulary and rules
+    messages = [{"role": "user", "content": "hi"}]
+    rendered = [t.apply_chat_template(messages, tokenize=False) for t in (first, second)]
+    assert rendered == ["A: hi", "B: hi"]
+    assert first("hi there")["input_ids"] == second("hi there")["input_ids"]
+    other = tmp_path / "other"
+    tiny_tokenizer().save_pretrained(other)
+    config = other / "tokenizer_config.json"
+    config.write_text(config.read_text().replace("{", '{"x": 1,', 1))
+    assert shared_tokenizer(other)._tokenizer is not first._tokenizer  # other files: parsed on their own

@@ -21,6 +21,7 @@ another order, which transformers undoes: the same row permutation is applied to
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import hashlib
 import shutil
@@ -138,7 +139,7 @@ def load_gguf_model(path: str | Path, files: Path, round_to_4bit: bool = False, 
     """Build the GGUF model at `path` (qwen2 or llama) with the config and tokenizer in `files` (`model_files`):
     every decoder linear a kernel layer, the LM head still float (see `finish_gguf_model`). `round_to_4bit`: the
     "int4-rounded" backend. `prompt`: the prompt copies' format (`verispec.models.prompt_linear`)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     weights = _Weights(GGUFFile(path))
     if (reason := _support(weights.source)) is not None:
@@ -182,8 +183,32 @@ def load_gguf_model(path: str | Path, files: Path, round_to_4bit: bool = False, 
     if left:
         raise ModelFilesError(f"the GGUF file {path} has no tensor for {left[0]}")
     head_entry = weights.entry_of("model.embed_tokens.weight" if tied else "lm_head.weight")[1]
-    return GGUFModel(model.eval(), AutoTokenizer.from_pretrained(str(files)), counts, head_entry.ggml_type,
-                     head_entry.shape[0], cache)
+    return GGUFModel(model.eval(), shared_tokenizer(Path(files)), counts, head_entry.ggml_type, head_entry.shape[0],
+                     cache)
+
+
+_TOKENIZERS: dict[str, Any] = {}  # by the digest of their files: a target and a draft of one family share theirs
+
+
+def shared_tokenizer(files: Path) -> Any:
+    """Return the tokenizer in the folder `files` (`model_files`). Its vocabulary and rules are read once per process
+    for each set of tokenizer files; a folder whose only difference is its chat template gets a copy with its own.
+    Why: transformers parses a 7 MB tokenizer.json in Python, about 1 s on a 2-core Xeon, and the default pair's
+    GGUFs carry the same tokenizer (their chat templates differ)."""
+    from transformers import AutoTokenizer
+
+    digest = hashlib.sha256()
+    for path in sorted(files.iterdir()):
+        if path.is_file() and path.name.startswith(("tokenizer", "special_tokens")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    key = digest.hexdigest()
+    template = files / "chat_template.jinja"
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = AutoTokenizer.from_pretrained(str(files))
+        return _TOKENIZERS[key]
+    tokenizer = copy.copy(_TOKENIZERS[key])  # shares the parsed vocabulary and rules (read-only)
+    tokenizer.chat_template = template.read_text() if template.is_file() else None
+    return tokenizer
 
 
 def finish_gguf_model(model: Any, built: GGUFModel, backend: str, requested: str | None = None) -> None:
