@@ -74,7 +74,7 @@ def test_eos_inside_a_multipath_block(tiny_pair, tokenizer):
 def test_a_gbv_round_processes_only_the_rows_of_the_path_it_selects(tiny_pair, tokenizer, monkeypatch):
     """GBV reads p through `PathLaws`: per round the target's logits of the selected path's γ'+1 nodes are turned
     into laws, not those of the whole tree (the other paths' nodes)."""
-    import verispec.engine as engine_module
+    import verispec.scoring as scoring_module
 
     processed: list[int] = []
 
@@ -82,7 +82,7 @@ def test_a_gbv_round_processes_only_the_rows_of_the_path_it_selects(tiny_pair, t
         processed.append(logits.shape[0])
         return process_logits(logits, sampling, out)
 
-    monkeypatch.setattr(engine_module, "process_logits", counting)
+    monkeypatch.setattr(scoring_module, "process_logits", counting)
     prompt = tokenizer(PROMPT)["input_ids"]
     engine = Engine(tiny_pair["target"], tiny_pair["partial"])
     config = DecodeConfig("gbv", gamma=3, max_new_tokens=40, paths=3, sampling=SamplingConfig(temperature=1.0))

@@ -120,9 +120,9 @@ def test_lossless_methods_emit_the_processed_target_law(case):
 def test_a_target_row_that_ignores_the_drafted_prefix_is_caught(monkeypatch):
     """Planted bug: the target's rows count only the committed output, not the drafted tokens before them. Then
     sd's law moves off the processed target's and the Monte-Carlo test above rejects it."""
-    import verispec.engine
+    import verispec.scoring
 
-    monkeypatch.setattr(verispec.engine, "tree_prefixes", lambda tokens, parents: [[]] * (len(tokens) + 1))
+    monkeypatch.setattr(verispec.scoring, "tree_prefixes", lambda tokens, parents: [[]] * (len(tokens) + 1))
     target, draft = tabular_pair()
     counts = processed_counts(Engine(target, draft), 1000, **CASES["sd"])
     assert chi_square_pvalue(counts, target_law(Processed(target, len(PROMPT)), PROMPT, 3)) < FALSE_ALARM

@@ -6,8 +6,8 @@ import torch
 
 from verispec.drafters import DraftRequest, ModelDrafter
 from verispec.drafting import DraftBlock, merge_paths
-from verispec.engine import roll_back, score_block
 from verispec.sampling import SamplingConfig
+from verispec.scoring import roll_back, score_block
 
 WARM = SamplingConfig(temperature=1.0)
 

@@ -99,7 +99,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the model protocol and backends; llama.cpp's build sits with its backend (it requantises the embedded pair)
     ("models", ("models", "native.llamacpp_build")),
     ("drafting", ("drafting", "drafters", "config", "diagnostics")),
-    ("engine", ("engine",)),
+    ("engine", ("engine", "scoring")),  # the decode loop and its passes over the models
     ("learned", ("learned",)),  # SPRINTER's verifier: collected and evaluated through the engine
     ("api", ("api",)),
     ("apps", ("options", "profile", "bench", "serve", "vllm")),

@@ -79,7 +79,7 @@ class DecodeConfig:
     # None = off; k in 0..20: each emitted token's log-probability under the decoding model's processed law, and
     # the k likeliest tokens at its position (verispec/logprobs.py)
     logprobs: int | None = None
-    # N: the prompt is read in passes of at most N tokens (the engine's `read_prompt`: a batched server's long
+    # N: the prompt is read in passes of at most N tokens (`verispec.scoring.read_prompt`: a batched server's long
     # prompts then run beside the other requests' rounds, not before them); None = in one pass
     prompt_chunk: int | None = None
 

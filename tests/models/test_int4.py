@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.models.protocol_cases import fresh_logits, rollback_case, tree_case
-from verispec.engine import DecodeConfig, Engine, path_rows, tree_pass
+from verispec.engine import DecodeConfig, Engine
 from verispec.models import int4
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.hf import HFCausalLM
@@ -29,6 +29,7 @@ from verispec.models.int4 import (
 )
 from verispec.models.quantized import QuantizedLinear, quantized_engine
 from verispec.models.tiny import perturb, tiny_qwen2, tiny_tokenizer
+from verispec.scoring import path_rows, tree_pass
 from verispec.verify.tree import PrefixTree
 
 pytestmark = pytest.mark.skipif(quantized_engine() is None, reason="this torch build has no fbgemm engine")

@@ -13,8 +13,8 @@ from tests.stats import max_abs_diff, target_law
 from tests.verify.exact import block_inputs, draft_tuples, expected_accepted, paths_inputs, speculative_law
 from tests.verify.test_multipath import CONTEXT, pair
 from verispec.drafting import merge_paths
-from verispec.engine import path_nodes
 from verispec.models.tabular import TabularLM
+from verispec.scoring import path_nodes
 from verispec.verify import MultiPathResult, PathLaws, block_verify_law, draw, gbv_verify, gbv_verify_law
 
 CASES = [(1, 1), (2, 1), (3, 1), (1, 2), (2, 2), (1, 3), (2, 3), (3, 2)]  # (γ, K), V = 3

@@ -18,12 +18,12 @@ from typing import Any
 import torch
 
 from verispec.drafters import DraftRequest, ModelDrafter
-from verispec.engine import roll_back, score_block
 from verispec.errors import ConfigError, IncompatibleModelsError, VerifierFileError
 from verispec.learned.verifier import entropy
 from verispec.models.protocol import CausalLM
 from verispec.models.spec import ModelSpec, flat_dict
 from verispec.sampling import SamplingConfig, sample
+from verispec.scoring import roll_back, score_block
 
 DATA_FORMAT = "verispec-verifier-data"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,9 @@ def load_native(sources: Path | tuple[Path, ...], name: str, isa: str | None = N
     module = f"verispec_{name}_{level.replace('-', '_')}_{flag_tag}"
     build = cache_dir() / "native" / f"{name}-{level}-{tag}"
     build.mkdir(parents=True, exist_ok=True)
+    if not any(build.glob("*.so")):  # minutes on a small CPU, with no output of its own: say what is happening
+        print(f"verispec: compiling the {name} kernel for {level} (once per machine; cached in {build})",
+              file=sys.stderr, flush=True)
     try:
         return cpp_extension.load(name=module, sources=[str(path) for path in sources], build_directory=str(build),
                                   extra_cflags=flags, verbose=False)
