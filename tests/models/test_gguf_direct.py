@@ -261,3 +261,12 @@ def test_folders_with_the_same_tokenizer_files_share_one_parse_and_keep_their_ch
     config = other / "tokenizer_config.json"
     config.write_text(config.read_text().replace("{", '{"x": 1,', 1))
     assert shared_tokenizer(other)._tokenizer is not first._tokenizer  # other files: parsed on their own
+
+
+def test_released_pages_read_the_same_bytes_again(tmp_path):
+    source = GGUFFile(write_tiny_gguf(tmp_path / "tiny.gguf"))
+    names = list(source.tensors)
+    before = {name: source.raw(name).clone() for name in names}
+    for name in names:
+        source.release(name)
+    assert all(torch.equal(source.raw(name), before[name]) for name in names)  # read again from the file

@@ -51,7 +51,15 @@ def test_a_second_load_reads_the_computed_layers_back_bit_for_bit(tmp_path, cach
     first = load_model(str(path), role, linear_backend=backend)
     assert cache_file(cache, backend == "int4-rounded").is_file()
     forbid_computing(monkeypatch)
+    dequantized, read_float = [], gguf_direct._Weights.float
+
+    def recording(self, name):
+        dequantized.append(name)
+        return read_float(self, name)
+
+    monkeypatch.setattr(gguf_direct._Weights, "float", recording)
     second = load_model(str(path), role, linear_backend=backend)
+    assert dequantized and "lm_head.weight" not in dequantized  # the cached head: no float rows built for it
     before, after = computed(first), computed(second)
     # Q8_0, Q5_0, Q6_K layers and the Q8_0 head: int8 rows on int4, rounded to 4 bits on int4-rounded
     assert {"model.layers.0.self_attn.v_proj", "model.layers.1.mlp.down_proj", "lm_head"} <= set(before)

@@ -135,10 +135,13 @@ class GGUFModel:
     layers: LayerCache  # the layers computed rather than repacked, found in or kept for the cache
 
 
-def load_gguf_model(path: str | Path, files: Path, round_to_4bit: bool = False, prompt: str = "auto") -> GGUFModel:
+def load_gguf_model(path: str | Path, files: Path, round_to_4bit: bool = False, prompt: str = "auto",
+                    float_head: bool = False) -> GGUFModel:
     """Build the GGUF model at `path` (qwen2 or llama) with the config and tokenizer in `files` (`model_files`):
-    every decoder linear a kernel layer, the LM head still float (see `finish_gguf_model`). `round_to_4bit`: the
-    "int4-rounded" backend. `prompt`: the prompt copies' format (`verispec.models.prompt_linear`)."""
+    every decoder linear a kernel layer, the LM head still float (see `finish_gguf_model`), except an untied head
+    whose kernel layer the layer cache holds: a placeholder then, unless `float_head` (a reduced draft head is
+    sliced from its float rows). `round_to_4bit`: the "int4-rounded" backend. `prompt`: the prompt copies' format
+    (`verispec.models.prompt_linear`)."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     weights = _Weights(GGUFFile(path))
@@ -154,13 +157,19 @@ def load_gguf_model(path: str | Path, files: Path, round_to_4bit: bool = False, 
     if not tied:
         tensor, entry = weights.entry_of("model.embed_tokens.weight")
         model.set_input_embeddings(BlockEmbedding(weights.source.raw(tensor), entry.ggml_type, entry.shape))
+        weights.source.release(tensor)  # the embedding keeps a copy of its blocks
+    cache = LayerCache(layer_cache.folder_for(cache_dir(), Path(files).name, round_to_4bit), str(path))
+    # The head's float rows (0.9 GB for a 151,936-token vocabulary at width 1536) only to be replaced by the cached
+    # layer: skipped, the load's peak memory lower by as much
+    cached_head = not tied and not float_head and "lm_head" in cache.found \
+        and weights.entry_of("lm_head.weight")[1].ggml_type not in FOUR_BIT
     for name, param in list(model.named_parameters()):
         owner, attr = name.rsplit(".", 1)
         module = model.get_submodule(owner)
         if module is head and attr == "weight" and tied:
             continue
-        if isinstance(module, torch.nn.Linear) and attr == "weight" and module is not head:
-            value = param.new_empty(module.out_features, 0, device="cpu")  # built from its blocks below
+        if isinstance(module, torch.nn.Linear) and attr == "weight" and (module is not head or cached_head):
+            value = param.new_empty(module.out_features, 0, device="cpu")  # built from its blocks (or cache) below
         else:
             value = weights.float(name)
         setattr(module, attr, torch.nn.Parameter(value, requires_grad=False))
@@ -169,7 +178,6 @@ def load_gguf_model(path: str | Path, files: Path, round_to_4bit: bool = False, 
     _rebuild_buffers(model)
     counts = dict.fromkeys(COUNTS, 0)
     names = {module: name for name, module in model.named_modules()}
-    cache = LayerCache(layer_cache.folder_for(cache_dir(), Path(files).name, round_to_4bit), str(path))
 
     def make(module: torch.nn.Linear) -> Any:
         name = names[module]
@@ -283,6 +291,7 @@ class _Weights:
         """The float32 value of parameter `name`."""
         tensor, entry = self.entry_of(name)
         value = dequantize(self.source.raw(tensor), entry.ggml_type, entry.shape)
+        self.source.release(tensor)  # `value` is a copy
         order = self.rows(tensor)
         return value[order] if order is not None else value
 
@@ -292,6 +301,7 @@ class _Weights:
         if entry.ggml_type not in FOUR_BIT:
             return None
         levels = four_bit_levels(self.source.raw(tensor), entry.ggml_type, entry.shape)
+        self.source.release(tensor)  # the levels are copies
         order = self.rows(tensor)
         return tuple(part[order] for part in levels) if order is not None else levels
 

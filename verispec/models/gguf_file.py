@@ -152,6 +152,16 @@ class GGUFFile:
         entry = self.tensors[name]
         return torch.frombuffer(self._map, dtype=torch.uint8, count=entry.nbytes, offset=entry.offset)
 
+    def release(self, name: str) -> None:
+        """Drop the mapped pages of tensor `name` from this process's memory, once what was built from its bytes no
+        longer views them. Why: every page a load reads stays resident while the file is mapped, and a 1.5B Q4_K_M
+        target's file (1.1 GB) sat beside the weights built from it until the load ended. A page touched again is
+        read again from the file (the mapping is private and never written), so this changes no value."""
+        entry = self.tensors[name]
+        start = entry.offset - entry.offset % mmap.PAGESIZE
+        if hasattr(mmap, "MADV_DONTNEED") and entry.nbytes:
+            self._map.madvise(mmap.MADV_DONTNEED, start, entry.offset + entry.nbytes - start)
+
 
 def _known(type_id: int) -> GGML | None:
     try:

@@ -68,7 +68,8 @@ def load_model(
         from verispec.models.gguf_direct import load_gguf_model
 
         path, files, name = direct
-        built = load_gguf_model(path, files, round_to_4bit=backend == "int4-rounded")
+        built = load_gguf_model(path, files, round_to_4bit=backend == "int4-rounded",
+                                float_head=draft_vocab is not None)
         model, tokenizer = built.model, built.tokenizer
     else:
         if spec is None or spec == DEFAULT:
