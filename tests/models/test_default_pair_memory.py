@@ -1,0 +1,49 @@
+"""The default pair's memory on the default path: loaded in a process of its own, its peak resident memory stays
+under the 4 GB a server of the pair is held to (BENCHMARKS.md, "Default path"), on a CPU without AMX. It was 4.2 GB
+at its peak (the GGUF's mapped pages and the LM head's float rows held during the load), and 5.2 GB once int8 copies
+of the weights were built for prompts.
+
+Slow (loads the real pair twice: the first load may still fill the layer cache, the second is what every later
+process does); `make test` and CI run it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from verispec.models.prompt_linear import amx_available
+
+pytestmark = pytest.mark.slow
+
+CEILING = 4.0e9  # bytes
+LOAD = """
+import json, resource, torch
+from verispec import Decoder
+decoder = Decoder()
+decoder.model("target"), decoder.model("draft")
+decoder.build_prompt_copies()  # what a server does before its first request
+statm = open("/proc/self/statm").read().split()
+print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "resident": int(statm[1]) * __import__("os").sysconf("SC_PAGE_SIZE")}))
+"""
+
+
+def load_in_a_process() -> dict[str, int]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", LOAD], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and ru_maxrss in KiB (Linux)")
+@pytest.mark.skipif(amx_available(), reason="this CPU has AMX tiles: the default path keeps bfloat16 copies of the "
+                    "weights for prompts there (about 3 GB more), as it is faster")
+def test_the_default_pair_loads_within_4_gb():
+    load_in_a_process()  # fills the caches a first load builds
+    memory = load_in_a_process()
+    assert memory["resident"] <= memory["peak"] < CEILING, memory
