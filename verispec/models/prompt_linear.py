@@ -1,11 +1,10 @@
 """What reads prompts on the int4 path: the decode kernels themselves, or, where the CPU has AMX tiles, a bfloat16
 copy of the weights on oneDNN.
 
-Why: a prompt-sized forward is bound by arithmetic, not by the bytes read. Without AMX, verispec's 4-bit kernel reads
-a whole prompt as fast as a copy of the weights in fbgemm's int8 (the default target's prompt forward at 100, 300 and
-900 tokens: 1.03x, 1.12x and 0.99x the int8 copy's time, the draft's 0.80-0.91x, on AVX-512 VNNI; its layers
-0.66-0.89x fbgemm's at 64 and 256 tokens on AVX2: `benchmarks/prompt_linears.py`), so no copy is made: a copy cost
-2.2 GB of memory and 25-36 s to build for the default pair. With AMX (Intel Xeon since Sapphire Rapids), oneDNN
+Why: a prompt-sized forward is bound by arithmetic, not by the bytes read. Without AMX, a copy of the weights in
+fbgemm's int8 read the default target's prompts of 128 / 512 / 1,024 tokens in 0.92x / 0.85x / 0.89x of the 4-bit
+kernel's time, for 2.2 GB of memory and 25-36 s to build for the default pair (`benchmarks/prompt_linears.py`,
+BENCHMARKS.md "Default path"), so no copy is made there. With AMX (Intel Xeon since Sapphire Rapids), oneDNN
 multiplies bfloat16 tiles several times faster than the int8 paths, and the prompt round is a large share of a decode
 on long prompts: there the copy pays. Every method reads its prompt in one such forward, so prompt positions are
 computed alike for all methods, and a row's outputs do not depend on the other rows (no activation scale is shared
