@@ -170,15 +170,15 @@ void exp_shifted(float* __restrict s, int64_t n, float shift) {
 
 // The checks the per-query entry points here and the decoder stack (decoder.cpp) share: a [T, S] bool mask, made
 // contiguous (undefined when absent), and the rotary cos and sin tables [T, D] float32, contiguous.
-torch::Tensor checked_mask(const c10::optional<torch::Tensor>& mask, int64_t T, int64_t S, const char* caller) {
-  if (!mask.has_value()) return torch::Tensor();
-  torch::Tensor m = mask->contiguous();
+at::Tensor checked_mask(const c10::optional<at::Tensor>& mask, int64_t T, int64_t S, const char* caller) {
+  if (!mask.has_value()) return at::Tensor();
+  at::Tensor m = mask->contiguous();
   TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 2 && m.size(0) == T && m.size(1) == S, caller,
               ": mask must be [tokens, keys] bool (", T, " x ", S, ")");
   return m;
 }
 
-void check_rotary_table(const torch::Tensor& cos, const torch::Tensor& sin, int64_t T, int64_t D, const char* caller) {
+void check_rotary_table(const at::Tensor& cos, const at::Tensor& sin, int64_t T, int64_t D, const char* caller) {
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
                   sin.scalar_type() == at::kFloat && cos.numel() == T * D && sin.numel() == T * D,
               caller, ": cos and sin must be [tokens, dim] float32, contiguous");
@@ -234,8 +234,8 @@ void attend_rows(const float* qp, int64_t qs_head, int64_t qs_token, const float
   });
 }
 
-torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                     const c10::optional<torch::Tensor>& mask, double scale) {
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const c10::optional<at::Tensor>& mask, double scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attend: q, k, v must be [1, heads, tokens, dim]");
   TORCH_CHECK(q.size(0) == 1 && k.size(0) == 1 && v.size(0) == 1, "attend: batch size 1 only");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
@@ -245,9 +245,9 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attend: heads must be a multiple of kv_heads");
   TORCH_CHECK(k.size(3) == D && v.size(3) == D && v.size(1) == kv_heads && v.size(2) == S, "attend: shape mismatch");
   TORCH_CHECK(S >= T, "attend: fewer keys than queries");
-  const torch::Tensor m = checked_mask(mask, T, S, "attend");
+  const at::Tensor m = checked_mask(mask, T, S, "attend");
   const bool* visible = m.defined() ? m.data_ptr<bool>() : nullptr;
-  auto out = torch::empty({1, T, heads, D}, q.options());
+  auto out = at::empty({1, T, heads, D}, q.options());
   attend_rows(q.data_ptr<float>(), q.stride(1), q.stride(2), k.data_ptr<float>(), k.stride(1), k.stride(2),
               v.data_ptr<float>(), v.stride(1), v.stride(2), visible, heads, kv_heads, T, S, D,
               static_cast<float>(scale), out.data_ptr<float>());
@@ -279,15 +279,15 @@ __attribute__((optimize("fp-contract=off"))) void rotate_rows(float* base, int64
 }
 
 // q [1, heads, T, D], k [1, kv_heads, T, D] (any strides, the last dimension contiguous); cos, sin [T, D] contiguous.
-void rotate_qk(torch::Tensor q, torch::Tensor k, const torch::Tensor& cos, const torch::Tensor& sin) {
-  for (const torch::Tensor* x : {&q, &k}) {
+void rotate_qk(at::Tensor q, at::Tensor k, const at::Tensor& cos, const at::Tensor& sin) {
+  for (const at::Tensor* x : {&q, &k}) {
     TORCH_CHECK(x->dim() == 4 && x->size(0) == 1 && x->scalar_type() == at::kFloat && x->stride(3) == 1,
                 "rotate_qk: q and k must be [1, heads, tokens, dim] float32 with the last dimension contiguous");
   }
   const int64_t T = q.size(2), D = q.size(3);
   TORCH_CHECK(D % 2 == 0 && k.size(2) == T && k.size(3) == D, "rotate_qk: q and k must share tokens and an even dim");
   check_rotary_table(cos, sin, T, D, "rotate_qk");
-  for (torch::Tensor* x : {&q, &k})
+  for (at::Tensor* x : {&q, &k})
     rotate_rows(x->data_ptr<float>(), x->size(1), x->stride(1), T, x->stride(2), D, cos.data_ptr<float>(),
                 sin.data_ptr<float>());
 }
@@ -306,13 +306,13 @@ void rms_norm_rows(const float* xp, int64_t rows, int64_t H, const float* wp, do
   }
 }
 
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "rms_norm: float32 only");
   const int64_t H = x.size(-1);
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == H, "rms_norm: weight must be [hidden]");
   auto input = x.contiguous();
   auto w = weight.contiguous();
-  auto out = torch::empty_like(input);
+  auto out = at::empty_like(input);
   const int64_t rows = H ? input.numel() / H : 0;
   rms_norm_rows(input.data_ptr<float>(), rows, H, w.data_ptr<float>(), eps, out.data_ptr<float>());
   return out;

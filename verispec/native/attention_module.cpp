@@ -1,4 +1,7 @@
 // The attention extension's Python functions (verispec/models/query_attention.py builds this with attention.cpp).
+// torch's pybind11 casters only (at::Tensor, optional, containers), not <torch/extension.h>: a third of the
+// compile time.
+#include <torch/csrc/utils/pybind.h>
 #include "attention.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -13,7 +13,11 @@
 //
 // A projection is a list of parts, each a 4-bit (packed uint8) or 8-bit (packed int8, per-row scale and weight sums)
 // linear, whose outputs lie side by side in the projection's output row (q, k and v; gate and up).
-#include <torch/extension.h>
+// torch's pybind11 casters only (at::Tensor, optional, containers), not <torch/extension.h>: a third of the
+// compile time.
+#include <torch/csrc/utils/pybind.h>
+
+#include <ATen/ops/silu.h>
 
 #include "attention.h"
 #include "int4_linear.h"
@@ -25,18 +29,18 @@
 namespace {
 
 // (packed, scale, rowsum, bias) as the Python side hands them over; scale and rowsum are empty for 4-bit parts.
-using PartSpec = std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor>;
+using PartSpec = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 // (input norm weight, its eps, q/k/v parts, output parts, post-attention norm weight, its eps, gate/up parts, down).
-using LayerSpec = std::tuple<torch::Tensor, double, std::vector<PartSpec>, std::vector<PartSpec>, torch::Tensor, double,
+using LayerSpec = std::tuple<at::Tensor, double, std::vector<PartSpec>, std::vector<PartSpec>, at::Tensor, double,
                              std::vector<PartSpec>, std::vector<PartSpec>>;
 
 // One sequence of a batched pass: its cache (keys, values per layer), first new position, token count, mask.
-using SegmentSpec = std::tuple<std::vector<torch::Tensor>, std::vector<torch::Tensor>, int64_t, int64_t,
-                               c10::optional<torch::Tensor>>;
+using SegmentSpec = std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, int64_t, int64_t,
+                               c10::optional<at::Tensor>>;
 
 struct Part {
   bool four_bit;
-  torch::Tensor packed, scale, rowsum, bias;
+  at::Tensor packed, scale, rowsum, bias;
   int64_t outputs, inputs;
 };
 
@@ -64,7 +68,7 @@ Projection make_projection(const std::vector<PartSpec>& specs, int64_t inputs, i
   Projection projection;
   projection.inputs = inputs;
   for (const auto& [packed, scale, rowsum, bias] : specs) {
-    Part p{packed.scalar_type() == torch::kUInt8, packed, scale, rowsum, bias, 0, 0};
+    Part p{packed.scalar_type() == at::kByte, packed, scale, rowsum, bias, 0, 0};
     if (p.four_bit)
       check_packed4(packed);
     else
@@ -73,7 +77,7 @@ Projection make_projection(const std::vector<PartSpec>& specs, int64_t inputs, i
     p.inputs = packed.size(1) * kGroup;
     TORCH_CHECK(p.inputs == inputs, "decoder stack: projection ", name, " reads ", p.inputs, " inputs, expected ",
                 inputs);
-    TORCH_CHECK(bias.numel() == 0 || (bias.numel() == p.outputs && bias.scalar_type() == torch::kFloat32 &&
+    TORCH_CHECK(bias.numel() == 0 || (bias.numel() == p.outputs && bias.scalar_type() == at::kFloat &&
                                       bias.is_contiguous()),
                 "decoder stack: projection ", name, ": bias must be empty or [outputs] float32");
     projection.outputs += p.outputs;
@@ -85,13 +89,13 @@ Projection make_projection(const std::vector<PartSpec>& specs, int64_t inputs, i
 }
 
 struct Layer {
-  torch::Tensor norm1, norm2;
+  at::Tensor norm1, norm2;
   double eps1, eps2;
   Projection qkv, o, gate_up, down;
 };
 
-torch::Tensor checked_norm(const torch::Tensor& w, int64_t hidden) {
-  TORCH_CHECK(w.dim() == 1 && w.size(0) == hidden && w.scalar_type() == torch::kFloat32,
+at::Tensor checked_norm(const at::Tensor& w, int64_t hidden) {
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == hidden && w.scalar_type() == at::kFloat,
               "decoder stack: norm weights must be [hidden] float32");
   return w.contiguous();
 }
@@ -126,9 +130,9 @@ class DecoderStack {
   // contiguous with room >= start + T: layer l's cache, the first `start` positions filled (the new ones are written
   // at start .. start + T); cos, sin [T, head_dim]; mask [T, start + T] bool or none (causal after the cache).
   // Returns the hidden states [T, hidden] after the last layer (before the final norm).
-  torch::Tensor forward(const torch::Tensor& x, const std::vector<torch::Tensor>& keys,
-                        const std::vector<torch::Tensor>& values, int64_t start, const torch::Tensor& cos,
-                        const torch::Tensor& sin, const c10::optional<torch::Tensor>& mask) const {
+  at::Tensor forward(const at::Tensor& x, const std::vector<at::Tensor>& keys,
+                        const std::vector<at::Tensor>& values, int64_t start, const at::Tensor& cos,
+                        const at::Tensor& sin, const c10::optional<at::Tensor>& mask) const {
     TORCH_CHECK(x.dim() == 2, "decoder stack: x must be [tokens, hidden] float32");
     return run({SegmentSpec{keys, values, start, x.size(0), mask}}, x, cos, sin);
   }
@@ -137,22 +141,22 @@ class DecoderStack {
   // `segments` saying, in that order, each one's cache (keys, values per layer), first new position, token count and
   // mask; cos, sin [N, head_dim]. Every linear runs once over all N rows and attention runs per sequence over its
   // own cache; each row is computed as in a pass of its sequence alone, so the outputs are bit-identical to it.
-  torch::Tensor forward_batch(const torch::Tensor& x, const std::vector<SegmentSpec>& segments,
-                              const torch::Tensor& cos, const torch::Tensor& sin) const {
+  at::Tensor forward_batch(const at::Tensor& x, const std::vector<SegmentSpec>& segments,
+                              const at::Tensor& cos, const at::Tensor& sin) const {
     return run(segments, x, cos, sin);
   }
 
  private:
   struct Segment {
-    const std::vector<torch::Tensor>* keys;
-    const std::vector<torch::Tensor>* values;
+    const std::vector<at::Tensor>* keys;
+    const std::vector<at::Tensor>* values;
     int64_t start, T, row;
-    torch::Tensor mask;  // [T, start + T] bool, or undefined (causal after the cache)
+    at::Tensor mask;  // [T, start + T] bool, or undefined (causal after the cache)
   };
 
-  torch::Tensor run(const std::vector<SegmentSpec>& specs, const torch::Tensor& x, const torch::Tensor& cos,
-                    const torch::Tensor& sin) const {
-    TORCH_CHECK(x.dim() == 2 && x.size(1) == hidden_ && x.scalar_type() == torch::kFloat32,
+  at::Tensor run(const std::vector<SegmentSpec>& specs, const at::Tensor& x, const at::Tensor& cos,
+                    const at::Tensor& sin) const {
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == hidden_ && x.scalar_type() == at::kFloat,
                 "decoder stack: x must be [tokens, hidden] float32");
     const int64_t T = x.size(0), D = dim_;
     std::vector<Segment> segments;
@@ -163,9 +167,9 @@ class DecoderStack {
       TORCH_CHECK(static_cast<int64_t>(keys.size()) == size() && static_cast<int64_t>(values.size()) == size(),
                   "decoder stack: one key and one value buffer per layer");
       for (const auto* store : {&keys, &values})
-        for (const torch::Tensor& b : *store)
+        for (const at::Tensor& b : *store)
           TORCH_CHECK(b.dim() == 4 && b.size(0) == 1 && b.size(1) == kv_heads_ && b.size(2) >= S && b.size(3) == D &&
-                          b.scalar_type() == torch::kFloat32 && b.is_contiguous(),
+                          b.scalar_type() == at::kFloat && b.is_contiguous(),
                       "decoder stack: cache buffers must be [1, kv_heads, >= start + tokens, head_dim] float32 "
                       "contiguous");
       segments.push_back(Segment{&keys, &values, start, tokens, row, checked_mask(mask, tokens, S, "decoder stack")});
@@ -174,13 +178,13 @@ class DecoderStack {
     TORCH_CHECK(row == T, "decoder stack: the segments hold ", row, " tokens, x has ", T);
     check_rotary_table(cos, sin, T, D, "decoder stack");
     const auto options = x.options();
-    torch::Tensor state = x.contiguous().clone();
+    at::Tensor state = x.contiguous().clone();
     if (T == 0) return state;
     const int64_t H = hidden_, I = intermediate_, Q = heads_ * D, KV = kv_heads_ * D, N = Q + 2 * KV;
-    torch::Tensor h = torch::empty({T, H}, options), qkv = torch::empty({T, N}, options);
-    torch::Tensor att = torch::empty({T, Q}, options), out = torch::empty({T, H}, options);
-    torch::Tensor gate_up = torch::empty({T, 2 * I}, options);
-    const torch::Tensor gate = gate_up.narrow(1, 0, I), up = gate_up.narrow(1, I, I);
+    at::Tensor h = at::empty({T, H}, options), qkv = at::empty({T, N}, options);
+    at::Tensor att = at::empty({T, Q}, options), out = at::empty({T, H}, options);
+    at::Tensor gate_up = at::empty({T, 2 * I}, options);
+    const at::Tensor gate = gate_up.narrow(1, 0, I), up = gate_up.narrow(1, I, I);
     float* xs = state.data_ptr<float>();
     float* hs = h.data_ptr<float>();
     float* qs = qkv.data_ptr<float>();
@@ -196,8 +200,8 @@ class DecoderStack {
       rotate_rows(qs + Q, kv_heads_, D, T, N, D, cp, sp);   // k
       for (const Segment& s : segments) {
         if (s.T == 0) continue;
-        const torch::Tensor& kt = (*s.keys)[l];
-        const torch::Tensor& vt = (*s.values)[l];
+        const at::Tensor& kt = (*s.keys)[l];
+        const at::Tensor& vt = (*s.values)[l];
         const int64_t room = kt.size(2);
         float* kb = kt.data_ptr<float>();
         float* vb = vt.data_ptr<float>();
@@ -215,7 +219,7 @@ class DecoderStack {
       add_rows(xs, os, T * H);
       rms_norm_rows(xs, T, H, layer.norm2.data_ptr<float>(), layer.eps2, hs);
       layer.gate_up.run(hs, T, gate_up.data_ptr<float>());
-      torch::Tensor act = at::silu(gate);  // through ATen: the bits of the decoder loop's F.silu(gate) * up
+      at::Tensor act = at::silu(gate);  // through ATen: the bits of the decoder loop's F.silu(gate) * up
       act.mul_(up);
       layer.down.run(act.data_ptr<float>(), T, os);
       add_rows(xs, os, T * H);

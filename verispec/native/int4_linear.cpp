@@ -170,13 +170,13 @@ namespace {
 
 // Every token's int8 activations, scale and per-group sums (quantize_rows), for x [T, K].
 struct TokenQuant {
-  torch::Tensor q, scale, sums;
+  at::Tensor q, scale, sums;
 };
 
 TokenQuant quantize_raw(const float* x, int64_t T, int64_t K) {
-  const auto options = torch::TensorOptions().dtype(torch::kFloat32);
-  TokenQuant a{torch::empty({T, K}, options.dtype(torch::kInt8)), torch::empty({T}, options),
-               torch::empty({T, K / kGroup}, options)};
+  const auto options = at::TensorOptions().dtype(at::kFloat);
+  TokenQuant a{at::empty({T, K}, options.dtype(at::kChar)), at::empty({T}, options),
+               at::empty({T, K / kGroup}, options)};
   quantize_rows(x, T, K, a.q.data_ptr<int8_t>(), a.scale.data_ptr<float>(), a.sums.data_ptr<float>());
   return a;
 }
@@ -210,9 +210,9 @@ void over_tiles(int64_t NQ, int64_t T, const Run& run, const Store& store) {
   });
 }
 
-void check_x_and_bias(const torch::Tensor& x, const torch::Tensor& bias, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x: contiguous [T, K] fp32");
-  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == N && bias.scalar_type() == torch::kFloat32), "bias: [N] fp32");
+void check_x_and_bias(const at::Tensor& x, const at::Tensor& bias, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous [T, K] fp32");
+  TORCH_CHECK(bias.numel() == 0 || (bias.numel() == N && bias.scalar_type() == at::kFloat), "bias: [N] fp32");
 }
 
 }  // namespace
@@ -276,30 +276,30 @@ void linear8_rows(const float* x, int64_t T, int64_t K, const uint8_t* pk, int64
 }
 
 // Checks of the packed weights' layout shared by the entry points here and the decoder stack's constructor.
-void check_packed4(const torch::Tensor& packed) {
+void check_packed4(const at::Tensor& packed) {
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kQuad && packed.size(3) == kCell &&
-                  packed.scalar_type() == torch::kUInt8 && packed.is_contiguous(), "packed: [N/64, K/32, 4, 320] uint8");
+                  packed.scalar_type() == at::kByte && packed.is_contiguous(), "packed: [N/64, K/32, 4, 320] uint8");
 }
 
-void check_packed8(const torch::Tensor& packed, const torch::Tensor& scale, const torch::Tensor& rowsum) {
+void check_packed8(const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& rowsum) {
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kQuad && packed.size(3) == kCell8 &&
-                  packed.scalar_type() == torch::kInt8 && packed.is_contiguous(), "packed: [N/64, K/32, 4, 512] int8");
+                  packed.scalar_type() == at::kChar && packed.is_contiguous(), "packed: [N/64, K/32, 4, 512] int8");
   const int64_t N = packed.size(0) * kQuad * kRows;
   TORCH_CHECK(packed.size(1) * kGroup <= 65536, "the 8-bit path sums in int32: at most 65536 inputs, got ",
               packed.size(1) * kGroup);
-  TORCH_CHECK(scale.numel() == N && scale.scalar_type() == torch::kFloat32 && scale.is_contiguous(), "scale: [N] fp32");
-  TORCH_CHECK(rowsum.numel() == N && rowsum.scalar_type() == torch::kInt32 && rowsum.is_contiguous(), "rowsum: [N] int32");
+  TORCH_CHECK(scale.numel() == N && scale.scalar_type() == at::kFloat && scale.is_contiguous(), "scale: [N] fp32");
+  TORCH_CHECK(rowsum.numel() == N && rowsum.scalar_type() == at::kInt && rowsum.is_contiguous(), "rowsum: [N] int32");
 }
 
 // x [T, K] float32 (contiguous); packed [N/64, K/32, 4, 320] uint8 (see the layout above); bias [N] float32 or
 // empty. Returns [T, N] float32.
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias) {
   check_packed4(packed);
   const int64_t NQ = packed.size(0), G = packed.size(1), N = NQ * kQuad * kRows;
   check_x_and_bias(x, bias, N);
   const int64_t T = x.size(0), K = x.size(1);
   TORCH_CHECK(G * kGroup == K, "x has ", K, " inputs, the weights ", G * kGroup);
-  auto y = torch::empty({T, N}, x.options());
+  auto y = at::empty({T, N}, x.options());
   linear_rows(x.data_ptr<float>(), T, K, packed.data_ptr<uint8_t>(), NQ,
               bias.numel() > 0 ? bias.data_ptr<float>() : nullptr, y.data_ptr<float>(), N);
   return y;
@@ -307,14 +307,14 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
 
 // x [T, K] float32 (contiguous); packed [N/64, K/32, 4, 512] int8 weights (see the layout above); scale [N] float32
 // (per row); rowsum [N] int32 (the row's weight sum); bias [N] float32 or empty. Returns [T, N] float32.
-torch::Tensor linear8(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale,
-                      const torch::Tensor& rowsum, const torch::Tensor& bias) {
+at::Tensor linear8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                      const at::Tensor& rowsum, const at::Tensor& bias) {
   check_packed8(packed, scale, rowsum);
   const int64_t NQ = packed.size(0), C = packed.size(1), N = NQ * kQuad * kRows;
   check_x_and_bias(x, bias, N);
   const int64_t T = x.size(0), K = x.size(1);
   TORCH_CHECK(C * kGroup == K, "x has ", K, " inputs, the weights ", C * kGroup);
-  auto y = torch::empty({T, N}, x.options());
+  auto y = at::empty({T, N}, x.options());
   linear8_rows(x.data_ptr<float>(), T, K, reinterpret_cast<const uint8_t*>(packed.data_ptr<int8_t>()), NQ,
                scale.data_ptr<float>(), rowsum.data_ptr<int32_t>(), bias.numel() > 0 ? bias.data_ptr<float>() : nullptr,
                y.data_ptr<float>(), N);

@@ -3,7 +3,10 @@
 // packing of int4_pack.cpp.
 #pragma once
 
-#include <torch/extension.h>
+// ATen's tensor type and the few operators used, not <torch/extension.h>: that header (the C++ frontend and the
+// Python bindings) costs about 30 s of compiler time per file on a 2-core Xeon, these about 6 s.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include <cstdint>
 #include <string>
@@ -22,17 +25,17 @@ void linear8_rows(const float* x, int64_t T, int64_t K, const uint8_t* pk, int64
                   const int32_t* rs, const float* bs, float* out, int64_t ldo);
 
 // Checks of the packed weights' layout: [N/64, K/32, 4, 320] uint8; [N/64, K/32, 4, 512] int8 with scale and rowsum.
-void check_packed4(const torch::Tensor& packed);
-void check_packed8(const torch::Tensor& packed, const torch::Tensor& scale, const torch::Tensor& rowsum);
+void check_packed4(const at::Tensor& packed);
+void check_packed8(const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& rowsum);
 
 // The packed layout of 4-bit levels q [N, K] uint8 (0..15) with float32 scale and offset [N, K/32], written into out
 // [N/64, K/32, 4, 320] uint8 (int4_pack.cpp).
-void pack4_into(const torch::Tensor& q, const torch::Tensor& scale, const torch::Tensor& offset, torch::Tensor& out);
+void pack4_into(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& offset, at::Tensor& out);
 
 // The checked entry points: y [T, N] float32.
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias);
-torch::Tensor linear8(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale,
-                      const torch::Tensor& rowsum, const torch::Tensor& bias);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias);
+at::Tensor linear8(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                      const at::Tensor& rowsum, const at::Tensor& bias);
 
 std::string isa();           // the instruction-set level this build was compiled for (verispec/native/cpu.py's names)
 bool vnni();                 // whether its integer products run on vpdpbusd

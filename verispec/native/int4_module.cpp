@@ -1,5 +1,8 @@
 // The int4 extension's Python functions (verispec/models/int4.py builds this with int4_linear.cpp
 // and int4_pack.cpp).
+// torch's pybind11 casters only (at::Tensor, optional, containers), not <torch/extension.h>: a third of the
+// compile time.
+#include <torch/csrc/utils/pybind.h>
 #include "int4_linear.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

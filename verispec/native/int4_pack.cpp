@@ -8,14 +8,14 @@
 
 #include <cstring>
 
-void pack4_into(const torch::Tensor& q, const torch::Tensor& scale, const torch::Tensor& offset, torch::Tensor& out) {
-  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kUInt8 && q.is_contiguous(), "q: contiguous [N, K] uint8");
+void pack4_into(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& offset, at::Tensor& out) {
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kByte && q.is_contiguous(), "q: contiguous [N, K] uint8");
   const int64_t N = q.size(0), K = q.size(1), G = K / kGroup, NQ = N / (kQuad * kRows);
   TORCH_CHECK(N % (kQuad * kRows) == 0 && K % kGroup == 0, "q: N a multiple of 64 and K of 32, got ", N, " x ", K);
-  for (const torch::Tensor* t : {&scale, &offset})
-    TORCH_CHECK(t->scalar_type() == torch::kFloat32 && t->is_contiguous() && t->dim() == 2 && t->size(0) == N &&
+  for (const at::Tensor* t : {&scale, &offset})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == N &&
                     t->size(1) == G, "scale and offset: contiguous [N, K/32] float32");
-  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == torch::kUInt8 && out.numel() == NQ * G * kQuad * kCell,
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kByte && out.numel() == NQ * G * kQuad * kCell,
               "out: contiguous [N/64, K/32, 4, 320] uint8");
   const uint8_t* qs = q.data_ptr<uint8_t>();
   const float* sc = scale.data_ptr<float>();

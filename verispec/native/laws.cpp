@@ -8,7 +8,10 @@
 // only (per chunk, then merged). Everything is float64; the passes run over fixed chunks of the vocabulary
 // on torch's threads, so the results do not depend on how many threads ran them.
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+// torch's pybind11 casters only, not <torch/extension.h> (the C++ frontend too): a third of the compile time.
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <array>
@@ -31,9 +34,9 @@ namespace {
 
 constexpr double kMinDraftProb = 1e-300;  // verispec.verify.common.MIN_DRAFT_PROB
 
-void check_row(const torch::Tensor& t, const char* name) {
+void check_row(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 1, name, " must be one row [V]");
-  TORCH_CHECK(t.scalar_type() == torch::kFloat64, name, " must be float64");
+  TORCH_CHECK(t.scalar_type() == at::kDouble, name, " must be float64");
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
 }
 
@@ -186,15 +189,15 @@ void skew_weights(const double* q, const double* below, int64_t n, double x_scal
 // unranked tokens first, by id; then the ranked ones by (p/q, id)); t is ranked when q(t|u) >= threshold =
 // min(min_q, min_share·max q). The key orders `tokens` as the order does, with (key, id): the ratio's bits where t is
 // ranked, -1 where it is not (so a caller selects among them without reading the rows again).
-std::tuple<torch::Tensor, double, torch::Tensor> skewed_draft_row(torch::Tensor p, torch::Tensor q, double min_q, double min_share,
-                                                   double mass_a, double mass_x, int64_t k, torch::Tensor out,
-                                                   torch::Tensor tokens) {
+std::tuple<at::Tensor, double, at::Tensor> skewed_draft_row(at::Tensor p, at::Tensor q, double min_q, double min_share,
+                                                   double mass_a, double mass_x, int64_t k, at::Tensor out,
+                                                   at::Tensor tokens) {
   check_row(p, "p");
   check_row(q, "q");
   check_row(out, "out");
   TORCH_CHECK(p.numel() == q.numel() && out.numel() == q.numel(), "p, q and out must have one vocabulary");
   TORCH_CHECK(out.is_contiguous(), "out must be contiguous");
-  TORCH_CHECK(tokens.dim() == 1 && tokens.scalar_type() == torch::kLong, "tokens must be [n] int64");
+  TORCH_CHECK(tokens.dim() == 1 && tokens.scalar_type() == at::kLong, "tokens must be [n] int64");
   TORCH_CHECK(k >= 1, "k must be >= 1");
   p = p.contiguous();
   q = q.contiguous();
@@ -247,8 +250,8 @@ std::tuple<torch::Tensor, double, torch::Tensor> skewed_draft_row(torch::Tensor 
     below[entry.second] = mass;
     mass += qq[entry.second];
   }
-  auto below_at = torch::empty({tokens.numel()}, q.options());
-  auto key_at = torch::empty({tokens.numel()}, tokens.options());
+  auto below_at = at::empty({tokens.numel()}, q.options());
+  auto key_at = at::empty({tokens.numel()}, tokens.options());
   const int64_t* ids = tokens.contiguous().data_ptr<int64_t>();
   for (int64_t i = 0; i < tokens.numel(); ++i) {
     const int64_t t = ids[i];
@@ -292,11 +295,11 @@ std::tuple<torch::Tensor, double, torch::Tensor> skewed_draft_row(torch::Tensor 
 }
 
 // ρ_r = Σ_v (w_r·p[r, v] − q[r, v])_+ for each row r: the target mass left over at a node of BV (§1.2).
-torch::Tensor positive_mass(torch::Tensor weights, torch::Tensor p, torch::Tensor q) {
+at::Tensor positive_mass(at::Tensor weights, at::Tensor p, at::Tensor q) {
   TORCH_CHECK(p.dim() == 2 && q.dim() == 2 && p.sizes() == q.sizes(), "p and q must be [rows, V] of one shape");
   TORCH_CHECK(weights.dim() == 1 && weights.size(0) == p.size(0), "weights must be [rows]");
-  TORCH_CHECK(p.scalar_type() == torch::kFloat64 && q.scalar_type() == torch::kFloat64 &&
-                  weights.scalar_type() == torch::kFloat64,
+  TORCH_CHECK(p.scalar_type() == at::kDouble && q.scalar_type() == at::kDouble &&
+                  weights.scalar_type() == at::kDouble,
               "p, q and weights must be float64");
   p = p.contiguous();
   q = q.contiguous();
@@ -320,7 +323,7 @@ torch::Tensor positive_mass(torch::Tensor weights, torch::Tensor p, torch::Tenso
       part[i] = sum;
     }
   });
-  auto out = torch::empty({rows}, p.options());
+  auto out = at::empty({rows}, p.options());
   for (int64_t r = 0; r < rows; ++r) {
     double sum = 0.0;
     for (int64_t j = 0; j < kChunks; ++j) sum += part[r * kChunks + j];
