@@ -14,8 +14,8 @@ rounded to float16, where the float path rounds the grid it recovered (the group
 same grid up to that rounding; and prompt copies are built on first use from the weights the kernel computes with.
 
 The transformers model is created on the meta device (no float weights allocated or initialised) from a config
-cached once per GGUF with its tokenizer (`model_files`: transformers reads both from the GGUF's metadata, which takes
-seconds for a 150k-token vocabulary). Architectures: qwen2 and llama (llama.cpp stores llama's Q and K rows in
+cached once per GGUF with its tokenizer (`model_files`, read from the GGUF's metadata by `verispec.models.gguf_meta`:
+a few seconds for a 150k-token vocabulary). Architectures: qwen2 and llama (llama.cpp stores llama's Q and K rows in
 another order, which transformers undoes: the same row permutation is applied to the levels here).
 """
 
@@ -40,6 +40,7 @@ from verispec.models.fastpath import record_linear_backend
 from verispec.models.gguf_blocks import FOUR_BIT, GGML, dequantize, four_bit_levels, readable
 from verispec.models.gguf_file import GGUFFile, TensorEntry, type_name
 from verispec.models.gguf_layers import COUNTS, BlockEmbedding, add_counts, kernel_layer
+from verispec.models.gguf_meta import read_config_and_tokenizer
 from verispec.models.int4 import use_int4_linears
 from verispec.models.layer_cache import LayerCache
 from verispec.models.manifest import (
@@ -83,9 +84,9 @@ def file_key(path: Path) -> str:
 
 def model_files(path: str | Path, key: str | None = None, progress: bool = True) -> Path:
     """Return a cached folder holding the config.json, generation_config.json and tokenizer files of the GGUF at
-    `path`, read from its metadata by transformers the first time (then reused). `key`: what identifies the file's
-    contents (the default pair's sha256); by default `file_key`. Written whole or not at all (a scratch folder
-    renamed into place, under a file lock), and rebuilt when a file's size differs from its manifest."""
+    `path`, read from its metadata the first time (`verispec.models.gguf_meta`; then reused). `key`: what identifies
+    the file's contents (the default pair's sha256); by default `file_key`. Written whole or not at all (a scratch
+    folder renamed into place, under a file lock), and rebuilt when a file's size differs from its manifest."""
     path = Path(path).expanduser()
     key = key or file_key(path)
     folder = cache_dir() / "gguf-meta" / key[:32]
@@ -97,13 +98,12 @@ def model_files(path: str | Path, key: str | None = None, progress: bool = True)
         if progress:
             print(f"verispec: reading the tokenizer and config of {path.name} (once; cached in {folder})",
                   file=sys.stderr)
-        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+        from transformers import GenerationConfig
 
         scratch = scratch_folder(folder)
         try:
             try:
-                tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-                config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+                config, tokenizer = read_config_and_tokenizer(path)
             except (OSError, ValueError, KeyError) as exc:
                 raise ModelFilesError(f"cannot read the tokenizer and config of {path}: {exc}") from exc
             config.save_pretrained(scratch)

@@ -3,7 +3,8 @@
 Why not `gguf.GGUFReader`: it builds a numpy view per metadata element, and a Qwen2.5 GGUF's tokenizer metadata holds
 300,000 strings (vocabulary and merges): 12-18 s per file on a 2-core Xeon before the first tensor is read.
 This reader walks past metadata arrays and keeps only scalar values (architecture, head counts, alignment); the
-tokenizer and config are read once by transformers and cached (`verispec.models.gguf_direct.model_files`).
+config is built from these scalars and the tokenizer read by transformers, once, and cached
+(`verispec.models.gguf_meta`, `verispec.models.gguf_direct.model_files`).
 
 Format (github.com/ggml-org/ggml/blob/master/docs/gguf.md, little-endian): magic "GGUF", version (2 or 3), tensor
 count, metadata count; metadata as (key, type, value); per tensor its name, dimensions (innermost first), ggml type
@@ -87,7 +88,8 @@ class _Cursor:
 
 
 class GGUFFile:
-    """The tensor table and scalar metadata of the GGUF file at `path`, its data memory-mapped (copy-on-write, so
+    """The tensor table and scalar metadata of the GGUF file at `path` (`arrays`: the metadata keys that hold arrays,
+    which `metadata` gives as their lengths), its data memory-mapped (copy-on-write, so
     tensors viewing it are writable and the file is never changed). Raises ModelFilesError, in one line naming the
     file, for a file that is no GGUF or is shorter than its tensors' extent (a truncated download or copy)."""
 
@@ -99,7 +101,7 @@ class GGUFFile:
         except (OSError, ValueError) as exc:  # ValueError: an empty file cannot be mapped
             raise ModelFilesError(f"cannot read the GGUF file {self.path}: {exc}") from None
         try:
-            self.metadata, self.tensors = self._parse(_Cursor(self._map))
+            self.metadata, self.tensors, self.arrays = self._parse(_Cursor(self._map))
         except (struct.error, ValueError, OverflowError) as exc:
             raise ModelFilesError(f"{self.path} is not a readable GGUF file ({exc})") from None
         end = max((t.offset + t.nbytes for t in self.tensors.values()), default=0)
@@ -108,7 +110,7 @@ class GGUFFile:
                                   f"tensors extend to {end}")
 
     @staticmethod
-    def _parse(cur: _Cursor) -> tuple[dict[str, Any], dict[str, TensorEntry]]:
+    def _parse(cur: _Cursor) -> tuple[dict[str, Any], dict[str, TensorEntry], frozenset[str]]:
         if bytes(cur.buf[:4]) != b"GGUF":
             raise ValueError("it does not start with the GGUF magic number")
         cur.pos = 4
@@ -116,10 +118,13 @@ class GGUFFile:
         if version not in VERSIONS:
             raise ValueError(f"GGUF version {version}; this reader knows {', '.join(map(str, VERSIONS))}")
         n_tensors, n_meta = cur.scalar("<Q"), cur.scalar("<Q")
-        metadata = {}
+        metadata, arrays = {}, set()
         for _ in range(n_meta):
             key = cur.string()
-            metadata[key] = cur.value(cur.scalar("<I"))
+            kind = cur.scalar("<I")
+            metadata[key] = cur.value(kind)
+            if kind == ARRAY:
+                arrays.add(key)
         infos = []
         for _ in range(n_tensors):
             name = cur.string()
@@ -132,7 +137,7 @@ class GGUFFile:
             block, size = GGML_QUANT_SIZES.get(_known(type_id), (1, 0))
             nbytes = prod(shape) // block * size  # 0 for a type this gguf package does not know (refused later)
             tensors[name] = TensorEntry(name, shape, type_id, start + offset, nbytes)
-        return metadata, tensors
+        return metadata, tensors, frozenset(arrays)
 
     @property
     def architecture(self) -> str:
