@@ -22,12 +22,13 @@ from verispec.models.fused import FusedInt4, projection_runs
 from verispec.models.int4 import INCLUDES as INT4_INCLUDES
 from verispec.models.int4 import Int4Linear, Int8RowLinear, extension
 from verispec.models.query_attention import INCLUDES as ATTENTION_INCLUDES
+from verispec.models.query_attention import attention_extension
 from verispec.native.build import load_native
 
 NATIVE = Path(__file__).resolve().parent.parent / "native"
-# The stack and the two kernels it calls, each compiled once and linked into one extension (the kernels' own
-# Python modules, int4_module.cpp and attention_module.cpp, are not part of it).
-SOURCES = (NATIVE / "decoder.cpp", NATIVE / "attention.cpp", NATIVE / "int4_linear.cpp")
+# The stack, linked with the two kernels it calls as the kernels' own extensions compiled them for the same level
+# (attention.o, int4_linear.o: not compiled a second time; their Python modules are not part of it).
+SOURCES = (NATIVE / "decoder.cpp",)
 INCLUDES = (*ATTENTION_INCLUDES, *INT4_INCLUDES)
 
 
@@ -37,9 +38,18 @@ def stack_kernel(isa: str | None = None) -> Any | None:
     the layers' kernel runs), built once per machine; None where it cannot be built. Every level's stack gives the
     same bits."""
     try:
-        return load_native(SOURCES, "decoder", isa, includes=INCLUDES)
+        kernels = (extension(isa), attention_extension(isa))
+        objects = tuple(Path(kernel.__file__).parent / name
+                        for kernel, name in zip(kernels, KERNEL_OBJECTS, strict=True))
+        if not all(path.is_file() for path in objects):  # a build folder pruned by hand: compile them here
+            return load_native((*SOURCES, NATIVE / "int4_linear.cpp", NATIVE / "attention.cpp"), "decoder", isa,
+                               includes=INCLUDES)
+        return load_native(SOURCES, "decoder", isa, includes=INCLUDES, objects=objects)
     except ConfigError:
         return None
+
+
+KERNEL_OBJECTS = ("int4_linear.o", "attention.o")  # what torch's builder names the two kernels' compiled units
 
 
 def set_amx_tiles(on: bool, min_tokens: int | None = None) -> None:

@@ -32,11 +32,17 @@ SOURCES = (NATIVE / "attention.cpp", NATIVE / "attention_module.cpp")
 INCLUDES = (NATIVE / "attention.h",)
 
 
+def attention_extension(isa: str | None = None) -> Any:
+    """Build (once per machine and level, cached) and return the per-query attention extension for instruction-set
+    level `isa` (verispec.native.cpu; None: the best this CPU runs); raises ConfigError where it cannot be built."""
+    return load_native(SOURCES, "attention", isa, includes=INCLUDES)
+
+
 @functools.cache
 def attention_kernel() -> Any | None:
     """Return the per-query attention extension (built once per machine), or None where it cannot be built."""
     try:  # at the avx512-vnni level with 512-bit vectors (gcc prefers 256 by default): measured 1.2-1.45x faster
-        return load_native(SOURCES, "attention", includes=INCLUDES)
+        return attention_extension()
     except ConfigError:
         return None
 

@@ -17,13 +17,15 @@ from verispec.native.cpu import best_isa, isa_flags
 
 @functools.cache
 def load_native(sources: Path | tuple[Path, ...], name: str, isa: str | None = None, instead: str = "",
-                extra_flags: tuple[str, ...] = (), includes: tuple[Path, ...] = ()) -> Any:
+                extra_flags: tuple[str, ...] = (), includes: tuple[Path, ...] = (),
+                objects: tuple[Path, ...] = ()) -> Any:
     """Build (once, cached) and return the torch extension module linked from `sources` (one translation unit
     each, compiled once) for instruction-set level `isa` (see verispec.native.cpu; None: the best this CPU runs, or
     $VERISPEC_ISA). A level the CPU cannot run, or a failed build, raises ConfigError; the latter names the sources,
     the first compiler error and `instead` (what the user can run without it). `extra_flags`: more compiler flags.
     `includes`: the headers the sources include (their text is part of the cache key with every source's, so that
-    editing any one rebuilds)."""
+    editing any one rebuilds). `objects`: translation units another build already compiled for the same level and
+    flags, linked in rather than compiled again (their bytes are part of the cache key too)."""
     from torch.utils import cpp_extension  # imported here: it pulls in the compiler tooling
 
     from verispec.cache import cache_dir
@@ -39,7 +41,7 @@ def load_native(sources: Path | tuple[Path, ...], name: str, isa: str | None = N
     flags = ["-O3", *isa_flags(level), "-ffp-contract=off", "-fvisibility=hidden", "-fopenmp", *extra_flags]
     sources = (sources,) if isinstance(sources, Path) else tuple(sources)
     # Every file's name and text: a source added, removed, renamed or edited is another build.
-    text = b"".join(path.name.encode() + b"\0" + path.read_bytes() for path in (*sources, *includes))
+    text = b"".join(path.name.encode() + b"\0" + path.read_bytes() for path in (*sources, *includes, *objects))
     tag = hashlib.sha256(text + torch.__version__.encode() + " ".join(flags).encode()).hexdigest()[:12]
     # The level and a digest of the flags name the module and its folder: a cache copied from another machine is
     # only reused where the same level's same flags were asked for, i.e. where this CPU runs that code.
@@ -52,7 +54,7 @@ def load_native(sources: Path | tuple[Path, ...], name: str, isa: str | None = N
               file=sys.stderr, flush=True)
     try:
         return cpp_extension.load(name=module, sources=[str(path) for path in sources], build_directory=str(build),
-                                  extra_cflags=flags, verbose=False)
+                                  extra_cflags=flags, extra_ldflags=[str(path) for path in objects], verbose=False)
     except (RuntimeError, OSError, ImportError) as e:
         lines = str(e).splitlines()
         reason = next((line for line in lines if "error" in line.lower()), lines[-1] if lines else repr(e))
