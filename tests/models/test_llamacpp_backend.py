@@ -51,6 +51,19 @@ class FakeLibrary:
         pass
 
 
+
+def test_a_user_gguf_gets_its_own_tokenizer_read_once(monkeypatch, tmp_path):
+    from tests.models.gguf_cases import write_tiny_gguf
+    from verispec.models import gguf_direct
+
+    monkeypatch.setattr(gguf_direct, "cache_dir", lambda: tmp_path / "cache")
+    made = []
+    monkeypatch.setattr(llamacpp, "LlamaCppModel", lambda path, name, tokenizer, *rest: made.append(tokenizer))
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    llamacpp.load_llamacpp_model(f"llamacpp:{path}", "draft")
+    assert made[0].get_vocab()["ab"] == 28  # the tiny file's own vocabulary (gguf_cases)
+    assert any((tmp_path / "cache" / "gguf-meta").iterdir())  # cached: a second load reads no metadata
+
 def test_the_context_check_catches_a_prompt_beyond_llamacpps_context(monkeypatch, tmp_path):
     monkeypatch.setattr(llamacpp, "_load_library", lambda: FakeLibrary(vocab=50, context=64))
     gguf = tmp_path / "model.gguf"

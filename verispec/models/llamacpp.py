@@ -192,6 +192,7 @@ def load_llamacpp_model(spec: str | None, role: str, threads: int | None = None)
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from verispec.models.default_pair import DEFAULT_PAIR, model_files
+    from verispec.models.gguf_direct import model_files as gguf_model_files
 
     path = gguf_file(spec, role)
     kind = embedded_kind(spec)
@@ -203,5 +204,5 @@ def load_llamacpp_model(spec: str | None, role: str, threads: int | None = None)
         model.generation_config = GenerationConfig.from_pretrained(str(folder))
         model.config = AutoConfig.from_pretrained(str(folder))
         return model
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_model_files(path)))  # read from the GGUF once, then cached
     return LlamaCppModel(path, str(spec), tokenizer, None, threads)
