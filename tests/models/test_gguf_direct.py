@@ -111,6 +111,7 @@ def test_the_protocol_is_exact_on_a_direct_model(tmp_path):
 
 def test_no_prompt_copies_where_the_kernels_read_prompts(tmp_path, monkeypatch):
     monkeypatch.setattr(prompt_linear, "amx_available", lambda: False)
+    monkeypatch.setattr(prompt_linear, "kernel_level", lambda: "avx512-vnni")
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
     model = load_model(str(path), "target", linear_backend="int4")
     assert all(layer.prompt_linear is None for layer in layers(model).values())

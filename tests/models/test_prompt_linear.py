@@ -47,10 +47,14 @@ def test_amx_is_detected_as_the_cpu_reports_it():
     assert prompt_linear.amx_available() == ("amx_tile" in flags and prompt_linear.onednn_bf16())
 
 
-def test_auto_takes_bfloat16_where_the_cpu_has_amx_and_no_copy_elsewhere(monkeypatch):
-    for amx, expected in ((True, "bf16"), (False, "none")):
+def test_auto_takes_bfloat16_with_amx_the_kernel_at_avx512_vnni_and_int8_elsewhere(monkeypatch):
+    cases = [(True, level, "bf16") for level in ("avx512-vnni", "avx2")]
+    cases += [(False, "avx512-vnni", "none"), (False, "avx-vnni", "int8"), (False, "avx2", "int8"),
+              (False, "portable", "int8")]
+    for amx, level, expected in cases:
         monkeypatch.setattr(prompt_linear, "amx_available", lambda amx=amx: amx)
-        assert prompt_format() == expected
+        monkeypatch.setattr(prompt_linear, "kernel_level", lambda level=level: level)
+        assert prompt_format() == expected, (amx, level)
         for choice in ("none", "int8", "bf16"):
             assert prompt_format(choice) == choice
     assert "bfloat16" in prompt_copy("bf16") and "int8" in prompt_copy("int8") and "same" in prompt_copy("none")

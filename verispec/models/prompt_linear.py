@@ -1,18 +1,22 @@
-"""What reads prompts on the int4 path: the decode kernels themselves, or, where the CPU has AMX tiles, a bfloat16
-copy of the weights on oneDNN.
+"""What reads prompts on the int4 path: the decode kernels themselves, an int8 copy of the weights on fbgemm, or,
+where the CPU has AMX tiles, a bfloat16 copy on oneDNN.
 
-Why: a prompt-sized forward is bound by arithmetic, not by the bytes read. Without AMX, a copy of the weights in
-fbgemm's int8 read the default target's prompts of 128 / 512 / 1,024 tokens in 0.92x / 0.85x / 0.89x of the 4-bit
-kernel's time, for 2.2 GB of memory and 25-36 s to build for the default pair (`benchmarks/prompt_linears.py`,
-BENCHMARKS.md "Default path"), so no copy is made there. With AMX (Intel Xeon since Sapphire Rapids), oneDNN
-multiplies bfloat16 tiles several times faster than the int8 paths, and the prompt round is a large share of a decode
-on long prompts: there the copy pays. Every method reads its prompt in one such forward, so prompt positions are
-computed alike for all methods, and a row's outputs do not depend on the other rows (no activation scale is shared
-across the batch).
+Why: a prompt-sized forward is bound by arithmetic, not by the bytes read, and each kernel level does that
+arithmetic at its own speed. Measured on the default target with 2 threads on a 2-core Xeon (AVX-512 VNNI, no AMX):
+  - the AVX-512 VNNI kernel is within reach of fbgemm's int8: an int8 copy read prompts of 128 / 512 / 1,024 tokens
+    in 0.92x / 0.85x / 0.89x of its time (`benchmarks/prompt_linears.py`), and 600-700-token prompts of a decode in
+    0.75-0.85x, for 2.2 GB of memory and 25-36 s to build for the default pair: no copy is made there;
+  - the 256-bit levels (AVX2, AVX-VNNI; `VERISPEC_ISA`) are not: the AVX2 kernel took 2.4x the int8 copy's time on
+    those 600-700-token prompts (16.4-17.3 s per 1,000 tokens, against 6.5-7.2), so the copy is made there, as on
+    the portable level;
+  - with AMX (Intel Xeon since Sapphire Rapids), oneDNN multiplies bfloat16 tiles several times faster than the int8
+    paths, and the prompt round is a large share of a decode on long prompts: there a bfloat16 copy pays.
+Every method reads its prompt in one such forward, so prompt positions are computed alike for all methods, and a
+row's outputs do not depend on the other rows (no activation scale is shared across the batch).
 
 Formats (`CHOICES`): "none", the layer's own kernel; "bf16", weights and activations rounded to bfloat16 (8
 significant bits), products summed in float32, outputs rounded to bfloat16; "int8", fbgemm with weights rounded to 8
-bits per channel and activations to 8 bits per token (kept to measure against).
+bits per channel and activations to 8 bits per token.
 """
 
 from __future__ import annotations
@@ -45,13 +49,25 @@ def onednn_bf16() -> bool:
                 and supported is not None and supported())
 
 
+KERNEL_READS_PROMPTS = ("avx512-vnni",)  # the kernel levels that read prompts themselves where there is no AMX
+
+
+def kernel_level() -> str:
+    """Return the instruction-set level the int4 kernel runs at on this host (`verispec.native.cpu.best_isa`)."""
+    from verispec.native.cpu import best_isa
+
+    return best_isa()
+
+
 def prompt_format(choice: str = "auto") -> str:
     """Return the prompt copy's format for `choice`: "none" (no copy), "int8" or "bf16"; "auto" means bf16 on a CPU
-    with AMX and none elsewhere."""
+    with AMX, none where the kernel runs at the AVX-512 VNNI level, int8 elsewhere (the module's docstring)."""
     if choice not in CHOICES:
         raise ConfigError(f"unknown prompt copy format {choice!r}; choose one of {', '.join(CHOICES)}")
     if choice == "auto":
-        return "bf16" if amx_available() else "none"
+        if amx_available():
+            return "bf16"
+        return "none" if kernel_level() in KERNEL_READS_PROMPTS else "int8"
     return choice
 
 
