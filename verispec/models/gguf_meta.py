@@ -2,8 +2,8 @@
 
 Why: for qwen2 and llama files, transformers 5.24 reads the metadata behind `AutoConfig.from_pretrained(gguf_file=)`
 through gguf's GGUFReader, which builds numpy views of each of the vocabulary's 300,000 strings, and
-`AutoTokenizer.from_pretrained(gguf_file=)` reads it that way a second time to choose the tokenizer's class: about
-40 s per file of the default pair on a 2-core Xeon, most of `verispec setup`. Here:
+`AutoTokenizer.from_pretrained(gguf_file=)` reads it that way a second time to choose the tokenizer's class: 25-29 s
+per file of the default pair on a 2-core Xeon (the two calls), most of `verispec setup`. Here:
   - the config is built from verispec's own header parse (`GGUFFile`: scalars only, in well under a second) with the
     key table transformers itself uses (`GGUF_CONFIG_MAPPING`), and the same rules for the output layer's tying,
     the vocabulary size and the architecture's defaults;
