@@ -21,7 +21,7 @@ from verispec.drafters import (
 )
 from verispec.drafters.hybrid import HYBRID_CATCHUP
 from verispec.errors import ConfigError
-from verispec.methods import Method, get_method
+from verispec.methods import METHODS, Method, get_method
 from verispec.processors import check_logit_bias, check_logprobs, check_penalty
 from verispec.sampling import SamplingConfig
 from verispec.verify.relaxed import RelaxedKnobs
@@ -82,6 +82,9 @@ class DecodeConfig:
     # N: the prompt is read in passes of at most N tokens (`verispec.scoring.read_prompt`: a batched server's long
     # prompts then run beside the other requests' rounds, not before them); None = in one pass
     prompt_chunk: int | None = None
+    # every draw at T > 0 a race on noise keyed by (seed, position) (verispec.verify.keyed): ar, draft, sd and
+    # sprinter-exact then write, for a seed, the same tokens whatever the drafter, the draft length or the batch
+    keyed_draws: bool = False
 
     def __post_init__(self) -> None:
         method = get_method(self.method)
@@ -129,6 +132,13 @@ class DecodeConfig:
                 self.prompt_chunk, bool) or self.prompt_chunk < 1):
             raise ConfigError(f"prompt_chunk must be an integer >= 1 (tokens per prompt pass) or None, got "
                               f"{self.prompt_chunk!r}", field="prompt_chunk")
+
+        if not isinstance(self.keyed_draws, bool):
+            raise ConfigError(f"keyed_draws must be true or false, got {self.keyed_draws!r}", field="keyed_draws")
+        if self.keyed_draws and not method.keyable:
+            keyable = ", ".join(m.name for m in METHODS.values() if m.keyable)
+            raise ConfigError(f"keyed_draws is taken by {keyable}: method {self.method!r} draws from its own "
+                              f"residual laws, which a keyed race does not replace", field="keyed_draws")
 
     def relaxed_knobs(self) -> RelaxedKnobs:
         """Return the lossy rules' knobs (validated; ConfigError names a knob out of range)."""

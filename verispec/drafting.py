@@ -14,7 +14,7 @@ import torch
 
 from verispec.models.protocol import CausalLM
 from verispec.processors import RoundProcessors
-from verispec.sampling import SamplingConfig, draw, process_logits
+from verispec.sampling import KeyedNoise, SamplingConfig, draw, process_logits
 from verispec.verify.tree import PrefixTree
 
 __all__ = ["DraftBlock", "PrefixTree", "StopRule", "draft_paths", "merge_paths"]
@@ -90,6 +90,7 @@ def draft_paths(
     stop_rule: StopRule | None = None,
     keep_hidden: bool = False,
     processors: RoundProcessors | None = None,
+    noise: KeyedNoise | None = None,
 ) -> DraftBlock:
     """Return `n_paths` i.i.d. draft paths of length ≤ `gamma` continuing `tokens`.
 
@@ -99,9 +100,15 @@ def draft_paths(
     its q (§3.1) or on q alone; that token ends the block. The hidden state that produced each token's q is kept in
     `DraftBlock.hiddens` with a stop rule (it scores them) or with `keep_hidden` (one path: training data).
     `processors`: the round's logit processors; a path's row at depth i counts its first i tokens as generated, as
-    the target's row at the same position does.
+    the target's row at the same position does. `noise`: draw by keyed races (`verispec.verify.keyed`; one path),
+    the token at depth i on the noise of its position in the sequence, len(tokens) + i.
     """
     assert stop_rule is None or n_paths == 1, "a stop rule drafts a single path"
+    assert noise is None or n_paths == 1, "keyed draws draft a single path (paths on one noise would be one path)"
+
+    def pick(law: torch.Tensor, depth: int) -> int:
+        return draw(law, sampling, generator) if noise is None else noise.draw(law, len(tokens) + depth, sampling)
+
     assert not keep_hidden or n_paths == 1, "hidden states are kept for a single path"
     keep_hidden = keep_hidden or (stop_rule is not None and stop_rule.uses_hidden)
     paths: list[list[int]] = [[] for _ in range(n_paths)]
@@ -119,7 +126,7 @@ def draft_paths(
         q[1:, 0] = q_root
     forwards, fed = 1, len(new)
     for path in paths:
-        path.append(draw(q_root[0], sampling, generator))
+        path.append(pick(q_root[0], 0))
     tree = PrefixTree(node_of=[[] for _ in range(n_paths)])  # the round's one tree, grown as the paths are drawn
     fresh = tree.grow([path[-1] for path in paths])  # the nodes the last draws added: what the next forward feeds
     scores: list[float] = []
@@ -157,7 +164,7 @@ def draft_paths(
                 0, torch.tensor(row_of, device=q.device)))
         for k, path in enumerate(paths):
             positions[k].append(start + row_of[k])
-            path.append(draw(q_depth[k], sampling, generator))
+            path.append(pick(q_depth[k], depth))
         fresh = tree.grow([path[-1] for path in paths])
         hidden = out.hidden[0] if keep_hidden else None
         if hidden is not None:

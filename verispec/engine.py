@@ -37,10 +37,12 @@ from verispec.models.protocol import CausalLM
 from verispec.models.threads import shared_cores
 from verispec.native import laws as _laws  # noqa: F401  registers GBV's and BV's C++ law kernel (verify.kernels)
 from verispec.processors import LogitProcessors
+from verispec.sampling import KeyedNoise
 from verispec.scoring import ScoredBlock, path_rows, read_prompt, roll_back, score_block, tree_pass
 from verispec.trace import RoundTrace, Trace
 from verispec.verify import PathLaws, candidate_tree_verify
 from verispec.verify.kernels import counting_law_steps
+from verispec.verify.keyed import keyed_verify
 
 __all__ = ["MULTIPATH_PATHS", "DecodeConfig", "DecodeOutput", "Engine", "ScoredBlock", "path_rows", "roll_back",
            "score_block", "tree_pass", "verify_block", "verify_paths"]
@@ -137,6 +139,9 @@ class Engine:
         elif config.draft_confidence is not None:
             stop_rule = ConfidenceStop(config.draft_confidence)
         generator = torch.Generator().manual_seed(config.seed)
+        # Keyed draws (verispec.verify.keyed): at T = 0 every draw is already the argmax, so they change nothing.
+        noise = KeyedNoise(config.seed, decoder.vocab_size) if config.keyed_draws and not config.sampling.greedy \
+            else None
         adaptive = config.adaptive_gamma and draft_model is not None
         lengths = AdaptiveGamma(config.gamma, sequences=self.load) if adaptive else None
         trace = Trace(prefill_tokens=len(prompt_ids))
@@ -169,7 +174,7 @@ class Engine:
             round_processors = processors.at(generated) if processors is not None else None
             block = drafter.propose(DraftRequest(
                 tokens, config.paths, gamma, config.sampling, generator, self.eos_token_ids, decoder.vocab_size,
-                stop_rule, remaining=remaining, model_gamma=model_gamma, processors=round_processors,
+                stop_rule, remaining=remaining, model_gamma=model_gamma, processors=round_processors, noise=noise,
             ))
             t1 = time.perf_counter()
             trace.draft_calls += block.forwards
@@ -185,7 +190,7 @@ class Engine:
                 trace.target_calls, trace.target_tokens = trace.target_calls + 1, trace.target_tokens + scored.fed
 
             # 3. Verify against the processed distributions actually sampled from.
-            result = verify_block(method, block, scored, generator)
+            result = verify_block(method, block, scored, generator, noise, base)
             t3 = time.perf_counter()
 
             # 4. Commit the accepted prefix of the chosen path and the extra token; cut at EOS, max_new_tokens.
@@ -197,6 +202,8 @@ class Engine:
                     break
             emitted = emitted[:remaining]
             tokens.extend(emitted)
+            if noise is not None:
+                noise.forget(before=len(tokens))
             if processors is not None:
                 generated.update(emitted)
             if logprobs is not None:  # not part of the method: timed as neither drafting, target nor verification
@@ -232,11 +239,17 @@ class Engine:
         return DecodeOutput(tokens=tokens[n_prompt:], trace=trace, stopped_at_eos=stopped_at_eos, logprobs=logprobs)
 
 
-def verify_block(method: Method, block: DraftBlock, scored: ScoredBlock, generator: torch.Generator) -> MultiPathResult:
+def verify_block(method: Method, block: DraftBlock, scored: ScoredBlock, generator: torch.Generator,
+                 noise: KeyedNoise | None = None, position: int = 0) -> MultiPathResult:
     """Verify `block` against the law p `[K, γ'+1, V]` of its pass with `method`'s verifier (as `PathLaws` where
     the verifier reads p by row), except that fixed candidates (K > 1, not i.i.d.) go through the candidate-tree
     rule whatever the multi-path method (docs/algorithms.md §6.1). A lossy rule's gates also read the unprocessed
-    target law p̃ of the pass (docs/algorithms.md §6.2), and its result carries each position's leak."""
+    target law p̃ of the pass (docs/algorithms.md §6.2), and its result carries each position's leak. With keyed
+    draws' `noise`, a keyable method's one path is matched against the target's races instead (verispec.verify.keyed),
+    the block's first token at sequence `position`."""
+    if noise is not None:
+        kept = keyed_verify(block.as_tensor()[0], scored.p[0], noise.rows(position, block.length + 1))
+        return MultiPathResult(path=0, accepted=kept.accepted, token=kept.token)
     if block.deterministic and method.multipath:
         return candidate_tree_verify(block.as_tensor(), block.q, scored.p, generator, scored.tree)
     p_gate = scored.per_path(scored.gate_law()) if method.relaxed else None

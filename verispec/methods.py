@@ -73,6 +73,9 @@ class Method:
     # Exact E[τ] of one round given the drafted block(s), the verifier's own randomness integrated out (same inputs
     # as `verify`); None where a method drafts no block or decides its length as it drafts (SPRINTER).
     expected_accepted: ExpectedAccepted | None = None
+    # keyed draws (`DecodeConfig.keyed_draws`) can replace its verifier: token verification of one path (or a plain
+    # draw), which keyed verification matches token by token (verispec.verify.keyed)
+    keyable: bool = False
 
     def with_knobs(self, knobs: RelaxedKnobs) -> Method:
         """Return this method with its verifier at the lossy rules' `knobs` (itself for every other method)."""
@@ -82,11 +85,12 @@ class Method:
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
-        Method("ar", "autoregressive decoding of the target (the baseline)", "target", False, token_verify, True),
+        Method("ar", "autoregressive decoding of the target (the baseline)", "target", False, token_verify, True,
+               keyable=True),
         Method("draft", "autoregressive decoding of the draft alone (the quality floor)", "draft", False,
-               token_verify, False),
+               token_verify, False, keyable=True),
         Method("sd", "speculative sampling: token-level verification (docs/algorithms.md §0)", "target", True,
-               token_verify, True, expected_accepted=_law_mean(token_verify_law)),
+               token_verify, True, expected_accepted=_law_mean(token_verify_law), keyable=True),
         Method("bv", "block verification: a joint accept rule over the whole block (§1)", "target", True,
                block_verify, True, expected_accepted=_law_mean(block_verify_law)),
         Method("gbv", "greedy multi-path block verification over K i.i.d. paths (§2)", "target", True,
@@ -110,7 +114,7 @@ METHODS: dict[str, Method] = {
         Method("fly", "FLy: keep an SD-rejected x when the target's top-k entropy is high and the next W draft "
                "tokens pass (§6.2; lossy)", "target", True, rule_verifier("fly"), False, relaxed=True),
         Method("sprinter-exact", "SPRINTER's learned run length with every token verified by TV (lossless; "
-               "a deviation from the paper)", "target", True, token_verify, True, learned_stop=True),
+               "a deviation from the paper)", "target", True, token_verify, True, learned_stop=True, keyable=True),
     )
 }
 

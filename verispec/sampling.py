@@ -149,3 +149,52 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int
     if index >= weights.numel():  # u rounded up to the total: the last index with weight
         index = int(torch.nonzero(weights)[-1])
     return index
+
+
+def race(probs: torch.Tensor, inv_noise: torch.Tensor) -> int:
+    """Return argmax_v probs[v] / E[v] for a law `probs` `[V]` and `inv_noise` = 1 / E `[V]` (finite, > 0): a
+    token of zero probability is never chosen, and the choice is distributed as `probs` when E is i.i.d. Exp(1)."""
+    scores = probs.detach().to("cpu", torch.float64) * inv_noise
+    return int(np.argmax(scores.numpy()))  # numpy's argmax: 0.01 ms a 151,936-token row against torch's 0.2
+
+
+class KeyedNoise:
+    """The noise of keyed draws (`verispec.verify.keyed`): at each position t of a decode, 1 / E_t(v) for every
+    token v, E_t i.i.d. Exp(1) and a fixed function of (seed, t), so that a seed gives the same tokens whatever the
+    method, the drafter, the draft length or the batch.
+
+    Each row comes from numpy's PCG64 seeded with the pair (seed, t), its full 64 bits each (torch's CPU generator
+    keeps only 32 bits of a seed, so positions could share noise), as uniforms u and E = −log(1 − u). A row costs
+    about 1.2 ms for 151,936 tokens; the rows a round drafts on are the rows it verifies on, so they are kept until
+    `forget` drops the positions the decode has passed."""
+
+    def __init__(self, seed: int, vocab_size: int) -> None:
+        self.seed, self.vocab_size = int(seed), int(vocab_size)
+        self._rows: dict[int, torch.Tensor] = {}
+
+    def row(self, position: int) -> torch.Tensor:
+        """Return 1 / E_position `[V]` float64 (finite: E is kept above 1e-300)."""
+        row = self._rows.get(position)
+        if row is None:
+            uniform = np.random.Generator(np.random.PCG64([self.seed, position])).random(self.vocab_size)
+            noise = np.log1p(-uniform)
+            np.negative(noise, out=noise)
+            np.maximum(noise, 1e-300, out=noise)
+            row = self._rows[position] = torch.from_numpy(np.reciprocal(noise, out=noise))
+        return row
+
+    def rows(self, start: int, count: int) -> torch.Tensor:
+        """Return the rows of positions start..start+count-1, `[count, V]`."""
+        return torch.stack([self.row(start + i) for i in range(count)])
+
+    def draw(self, probs: torch.Tensor, position: int, config: SamplingConfig) -> int:
+        """Return the token drawn from `probs` `[V]` (a law `process_logits(..., config)` returned) at `position`:
+        under greedy sampling its point mass's token, with no noise; otherwise the race on this position's row."""
+        if config.greedy:
+            return int(first_argmax(probs)[0])
+        return race(probs, self.row(position))
+
+    def forget(self, before: int) -> None:
+        """Drop the rows of positions before `before` (a decode's committed tokens never need noise again)."""
+        for position in [p for p in self._rows if p < before]:
+            del self._rows[position]

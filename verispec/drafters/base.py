@@ -14,7 +14,7 @@ import torch
 
 from verispec.drafting import DraftBlock, StopRule
 from verispec.processors import RoundProcessors
-from verispec.sampling import SamplingConfig
+from verispec.sampling import KeyedNoise, SamplingConfig
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,9 @@ class DraftRequest:
     # the round's logit processors (logit_bias, penalties), applied to the draft model's logits as to the target's;
     # None: none set
     processors: RoundProcessors | None = None
+    # keyed draws (`verispec.verify.keyed`): the draft model draws each token by a race on its position's noise;
+    # None: from `generator`
+    noise: KeyedNoise | None = None
 
     @property
     def model_length(self) -> int:

@@ -1,0 +1,60 @@
+"""Keyed draws: every token of a decode chosen by an exponential race over noise keyed by (seed, position), and the
+verification that matches a drafted token against the target's own choice (docs/algorithms.md §0.1), lossless.
+
+At position t every token v has an exponential variate E_t(v), a fixed function of (seed, t); the law r at that
+position chooses argmax_v r(v) / E_t(v), which is distributed exactly as r (the exponential race, the Gumbel-max
+trick in other clothes). The target's tokens are then a fixed function of the seed and the prompt: a draft that
+races on the same noise proposes tokens, and the verifier keeps a drafted token while it is the target's own
+choice at its position, emitting the target's choice at the first mismatch. So `ar`, and `sd` with any drafter, any
+draft length and any batch, write the same tokens for a seed; what speculation changes is only how many target
+passes they take. The price: a drafted token is kept with probability `match_probability(p, q)`, between
+(1 − TV)/(1 + TV) and 1 − TV (token verification's), and exactly p(x) for a fixed proposal x (lookup), as there.
+
+Pure functions of tensors: the noise comes in as `inv_noise` rows 1 / E_t (`verispec.sampling.KeyedNoise` makes
+them), so that a race (`verispec.sampling.race`) is one multiply and one argmax.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verispec.sampling import race
+from verispec.verify.common import VerifyResult
+
+
+def keyed_verify(draft_tokens: torch.Tensor, p: torch.Tensor, inv_noise: torch.Tensor) -> VerifyResult:
+    """Verify one block by matching: keep drafted token i while it is the target's race choice at its position;
+    emit the target's choice at the first mismatch (correction) or after the last token (bonus).
+
+    draft_tokens: [γ] long; p: [γ+1, V] target laws (processed); inv_noise: [γ+1, V], row i the noise of the
+    position p[i] is the law of. With γ = 0 this is one keyed draw from p[0] (the autoregressive step)."""
+    gamma = draft_tokens.shape[0]
+    assert p.shape[0] == gamma + 1 and inv_noise.shape == p.shape, (
+        f"p and inv_noise must be [gamma+1={gamma + 1}, V], got {tuple(p.shape)} and {tuple(inv_noise.shape)}")
+    drafted = draft_tokens.tolist()
+    for i in range(gamma + 1):
+        choice = race(p[i], inv_noise[i])
+        if i == gamma or choice != drafted[i]:
+            return VerifyResult(accepted=i, token=choice)
+    raise AssertionError("unreachable")
+
+
+def match_probability(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Return P(race(p, 1/E) == race(q, 1/E)) over E i.i.d. Exp(1), exactly, for laws p, q `[..., V]` (rows): the
+    probability that keyed verification keeps a token the draft drew from q where the target's law is p.
+
+    Both choose v iff E(u) > E(v)·max(p(u)/p(v), q(u)/q(v)) for every u ≠ v; integrating over E(v) gives
+    P(both choose v) = 1 / Σ_u max(p(u)/p(v), q(u)/q(v)) = p(v) / (r(v)·Q(r ≤ r(v)) + P(r > r(v))), with
+    r = p/q and Q, P the masses of q and p over the tokens of ratio at most / above r(v) (one sort, O(V log V))."""
+    p, q = p.to(torch.float64), q.to(torch.float64)
+    both = (p > 0) & (q > 0)  # a token only one law can choose is never a match
+    ratio = torch.where(both, p / torch.where(both, q, 1.0), torch.where(p > 0, torch.inf, 0.0))
+    ratio, order = torch.sort(ratio, dim=-1)
+    p_sorted, q_sorted, both_sorted = p.gather(-1, order), q.gather(-1, order), both.gather(-1, order)
+    # Q(r ≤ r(v)) and P(r > r(v)), ties included on the "≤" side: the tied tokens' max terms are equal either way.
+    q_upto = q_sorted.cumsum(-1)
+    p_above = p_sorted.sum(-1, keepdim=True) - p_sorted.cumsum(-1)
+    last_of_tie = torch.searchsorted(ratio.contiguous(), ratio.contiguous(), right=True) - 1
+    q_upto, p_above = q_upto.gather(-1, last_of_tie), p_above.gather(-1, last_of_tie)
+    denominator = torch.where(both_sorted, ratio * q_upto + p_above, 1.0)
+    return torch.where(both_sorted, p_sorted / denominator, 0.0).sum(-1)
