@@ -34,6 +34,7 @@
 #                                                         the same (16k) on the float32 default path
 #   default-humaneval-T0 default-dev-T1                   the default path (no flags) against llama.cpp; ISA=avx2
 #   default-humaneval-T1 default-dev-T0                   for verispec's AVX2 kernel against llama.cpp's AVX2 build
+#   keyed-dev-T1 keyed-humaneval-T1                       keyed draws (same tokens as keyed ar) against plain ar, sd
 #   profile                                               the cost model's hardware profiles (oneDNN and torch linears)
 # UPTO runs that many prompts in all (default: the full size). Every bench run writes its results after each prompt
 # and resumes with `--resume`, so a run can stop (or be killed) and go on later, losing at most the prompt in
@@ -262,6 +263,14 @@ default_run() {  # default_run SOURCE TEMPERATURE UPTO: the default path, no fla
     --methods ar sd sd:adaptive_gamma=false sd:drafter=model "$peer" --compare-to "$peer"
 }
 
+keyed_run() {  # keyed_run SOURCE TEMPERATURE UPTO: keyed draws (docs/algorithms.md §0.1) against the engine's own
+  # draws on the default path; keyed ar and keyed sd write the same tokens (the same EOS), so their ratio carries no
+  # sampling noise, while plain ar and sd each write their own sample
+  sd_prompts "$1"
+  bench "keyed-$1-T$2" "$3" "${PROMPTS[@]}" --temperature "$2" \
+    --methods ar ar:keyed_draws=true sd sd:keyed_draws=true --compare-to ar
+}
+
 profiles() {  # the cost model's profiles: verispec's oneDNN linears, and transformers' own linears for the peers
   $V profile --out results/profile_cpu_fp32_onednn.json
   $V profile --linear-backend torch --out results/profile_cpu_fp32_torch.json
@@ -315,6 +324,8 @@ case "$RUN" in
   onednn-draft-vocab-mt-bench-T0) draft_vocab_run mt-bench "${2:-10}" onednn ;;
   default-humaneval-T0) default_run humaneval 0 "${2:-20}" ;;
   default-dev-T1) default_run dev 1 "${2:-20}" ;;
+  keyed-dev-T1) keyed_run dev 1 "${2:-20}" ;;
+  keyed-humaneval-T1) keyed_run humaneval 1 "${2:-20}" ;;
   default-humaneval-T1) default_run humaneval 1 "${2:-20}" ;;
   default-dev-T0) default_run dev 0 "${2:-20}" ;;
   profile) profiles ;;

@@ -83,6 +83,10 @@ def add_decode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adaptive-gamma", action=argparse.BooleanOptionalAction, default=DecodeConfig.adaptive_gamma,
                         help="sd, bv: the draft model drafts 0..gamma tokens per round, as many as its recent "
                              "acceptance makes pay (lossless; see docs/algorithms.md §1.4)")
+    parser.add_argument("--keyed-draws", action=argparse.BooleanOptionalAction, default=DecodeConfig.keyed_draws,
+                        help="ar, sd: draw every token by a race on noise keyed by the seed and its position, so "
+                             "that a seed gives the same tokens whatever the method, drafter, draft length or batch "
+                             "(lossless; sd keeps a drafted token less often at T > 0: docs/algorithms.md §0.1)")
     parser.add_argument("--ngram-min", type=int, default=DecodeConfig.ngram_min,
                         help="prompt lookup (ngram, hybrid): the shortest context suffix looked up")
     parser.add_argument("--ngram-max", type=int, default=DecodeConfig.ngram_max,

@@ -1,9 +1,9 @@
 """Method variants for the bench: `name[:key=value,...]`, e.g. `sd:gamma=2`, `gbv:paths=3,gamma=8`,
 `sprinter:tau=0.3`, `typical:epsilon=0.3,delta=0.09`, `fly:entropy=0.3,window=3`, `sd:drafter=ngram`,
-`bv:drafter=hybrid,ngram_min=3`, `sd:draft_vocab=16384`, `sd:adaptive_gamma=true`, so that several settings of
-one method run interleaved in one benchmark. A lossy rule's knobs go by their short names after the rule
-(`typical`: epsilon, delta; `margin`: delta; `fuzzy`: threshold; `fly`: entropy, window, top_k) or by their
-`DecodeConfig` names (typical_epsilon, ...); a knob out of range is a ConfigError naming it."""
+`bv:drafter=hybrid,ngram_min=3`, `sd:draft_vocab=16384`, `sd:adaptive_gamma=true`, `sd:keyed_draws=true`, so
+that several settings of one method run interleaved in one benchmark. A lossy rule's knobs go by their short names
+after the rule (`typical`: epsilon, delta; `margin`: delta; `fuzzy`: threshold; `fly`: entropy, window, top_k) or by
+their `DecodeConfig` names (typical_epsilon, ...); a knob out of range is a ConfigError naming it."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _flag(value: str) -> bool:
 # What a variant may override, with the type of its value.
 OVERRIDES = {"gamma": int, "paths": int, "tau": float, "cap": int, "drafter": str, "ngram_min": int, "ngram_max": int,
              "ngram_gamma": int, "hybrid_catchup": float, "draft_vocab": int, "draft_confidence": float,
-             "adaptive_gamma": _flag,
+             "adaptive_gamma": _flag, "keyed_draws": _flag,
              **{name: type(getattr(RelaxedKnobs, name)) for name in RelaxedKnobs.__dataclass_fields__}}
 # A peer's own settings, kept out of the decode settings: the llama.cpp build a llama.cpp peer runs
 # (`llamacpp-generate:isa=avx2`; verispec.bench.llamacpp.peer_build reads and checks it) and vLLM's speculative

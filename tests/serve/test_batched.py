@@ -33,7 +33,10 @@ JOBS = [
     ("abc " * 30, {"method": "sd", "gamma": 3, "adaptive_gamma": False}, 1.0),  # over 64 tokens: read alone
     ("why is the sky blue?", {"method": "sd", "drafter": "ngram"}, 0.0),
     ("count: 1 2 3", {"method": "gbv", "paths": 2, "gamma": 3}, 1.0),
+    # keyed draws: its draft length follows the load at T = 1 (load_follows), and its tokens are still its own
+    ("tell me a story", {"method": "sd", "keyed_draws": True}, 1.0),
 ]
+KEYED = len(JOBS) - 1
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +83,13 @@ def samples(url: str) -> dict[str, float]:
 def test_concurrent_requests_get_their_offline_completions_and_the_metrics_add_up(decoder, one_thread):
     expected = [offline(decoder, job, seed) for seed, job in enumerate(JOBS)]
     assert len(set(expected)) == len(JOBS)  # different completions: a mix-up would show
+    prompt, _, temperature = JOBS[KEYED]  # keyed: the same tokens as keyed ar, whatever the draft length
+    assert offline(decoder, (prompt, {"method": "ar", "keyed_draws": True}, temperature), KEYED) == expected[KEYED]
     with running_server(decoder, CONFIG) as (url, app):
         backend = app.state.backend
         assert isinstance(backend, BatchedWorker)
         before = samples(url)
-        with ThreadPoolExecutor(len(JOBS)) as pool:  # 6 requests, 4 slots: two wait in the queue
+        with ThreadPoolExecutor(len(JOBS)) as pool:  # 7 requests, 4 slots: three wait in the queue
             replies = list(pool.map(lambda i: request(url, "POST", "/v1/chat/completions", body(JOBS[i], i)),
                                     range(len(JOBS))))
         assert [status for status, _, _ in replies] == [200] * len(JOBS)
@@ -139,11 +144,14 @@ def test_max_batch_is_checked_and_a_server_wide_draft_vocab_serves_one_at_a_time
 
 
 def test_the_draft_length_follows_the_load_only_where_it_cannot_change_tokens_unless_asked():
+    # (T = 0, or keyed draws at any temperature)
     from verispec.serve.batched import load_follows
 
     greedy, sampled = DecodeConfig(method="sd"), DecodeConfig().with_settings(method="sd", temperature=1.0)
     lossy = DecodeConfig().with_settings(method="typical")
-    assert load_follows(greedy, "greedy") and not load_follows(sampled, "greedy") and not load_follows(lossy, "greedy")
+    keyed = sampled.with_settings(keyed_draws=True)
+    assert load_follows(greedy, "invariant") and load_follows(keyed, "invariant")
+    assert not load_follows(sampled, "invariant") and not load_follows(lossy, "invariant")
     assert load_follows(sampled, "always") and not load_follows(greedy, "off")
     with pytest.raises(Exception, match="load_gamma"):
         ServeConfig(load_gamma="sometimes")

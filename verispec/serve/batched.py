@@ -134,8 +134,10 @@ class SlotEngines:
 
 def load_follows(config: DecodeConfig, load_gamma: str) -> bool:
     """Return whether a request's adaptive draft length follows the server's load under `load_gamma`: "always";
-    "greedy" where that cannot change its tokens (a lossless method at T = 0 emits the target's greedy tokens
-    whatever the draft length); "off" never (every request's tokens are those it gets alone, at any temperature)."""
+    "invariant" where that cannot change its tokens (a lossless method at T = 0 emits the target's greedy tokens
+    whatever the draft length, and with keyed draws a seed's tokens at any temperature: verispec.verify.keyed);
+    "off" never (every request's tokens are those it gets alone, at any temperature)."""
     if load_gamma == "always":
         return True
-    return load_gamma == "greedy" and config.sampling.temperature == 0 and get_method(config.method).lossless
+    invariant = config.sampling.temperature == 0 or config.keyed_draws
+    return load_gamma == "invariant" and invariant and get_method(config.method).lossless

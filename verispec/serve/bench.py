@@ -22,8 +22,10 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from verispec.methods import METHODS
 from verispec.prompt_sets import BUILTIN_PROMPTS
 from verispec.provenance import provenance
+from verispec.variants import parse_method
 
 
 @dataclass
@@ -50,8 +52,10 @@ def chat_body(config: ServeBenchConfig, method: str, prompt: str) -> dict[str, A
     body = {"model": config.model, "messages": [{"role": "user", "content": prompt}], "stream": True,
             "stream_options": {"include_usage": True}, "max_tokens": config.max_tokens,
             "temperature": config.temperature}
-    if config.verispec_options:
-        body["verispec"] = {"method": method} | ({"gamma": config.gamma} if config.gamma else {})
+    if config.verispec_options:  # a variant's settings (`sd:keyed_draws=true`) go in the `verispec` field too
+        variant = parse_method(method, METHODS)
+        body["verispec"] = {"method": variant.name, **variant.overrides} | ({"gamma": config.gamma} if config.gamma
+                                                                            else {})
     return body | config.extra_body
 
 

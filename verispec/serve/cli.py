@@ -127,8 +127,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "gets alone (default: %(default)s; 1: one at a time)")
     p.add_argument("--load-gamma", default=d.load_gamma, choices=LOAD_GAMMA,
                    help="whether a batched request's adaptive draft length shortens as more requests share the "
-                        "passes: greedy (where it cannot change the request's tokens: lossless methods at T = 0), "
-                        "always (the same law, another sample at T > 0), off (default: %(default)s)")
+                        "passes: invariant (where it cannot change the request's tokens: lossless methods at T = 0 or "
+                        "with keyed draws), always (the same law, another sample at T > 0), off (default: "
+                        "%(default)s)")
     p.add_argument("--time-limit", type=float, default=d.time_limit,
                    help="seconds one generation may run before it ends at a round boundary (default: %(default)s)")
     p.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace, metavar="SECONDS",

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from verispec.engine import DecodeConfig
 from verispec.errors import ConfigError
 
-LOAD_GAMMA = ("greedy", "always", "off")
+LOAD_GAMMA = ("invariant", "always", "off")
 
 
 @dataclass(frozen=True)
@@ -19,8 +19,8 @@ class ServeConfig:
     max_queue: int = 16  # requests waiting for the engine; one more is answered 429
     max_batch: int = 4  # requests decoded at once (verispec.serve.batched); 1: one at a time, first come first served
     # Whether a batched request's adaptive draft length follows the load (verispec.serve.batched.load_follows):
-    # "greedy" (where that cannot change its tokens), "always" (the same law, another sample at T > 0) or "off".
-    load_gamma: str = "greedy"
+    # "invariant" (where that cannot change its tokens), "always" (the same law, another sample at T > 0) or "off".
+    load_gamma: str = "invariant"
     time_limit: float = 600.0  # seconds a generation may run; it then ends at the next round boundary
     shutdown_grace: float = 10.0  # seconds running generations may go on after SIGTERM/SIGINT before they are ended
 

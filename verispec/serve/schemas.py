@@ -140,6 +140,7 @@ class VerispecOptions(BaseModel):
     hybrid_catchup: float | None = None
     draft_confidence: float | None = None
     adaptive_gamma: bool | None = None
+    keyed_draws: bool | None = None
 
 
 class TextPart(BaseModel):
@@ -245,7 +246,7 @@ _TOP_LEVEL = {"temperature": "temperature", "top_p": "top_p", "seed": "seed", "m
               "frequency_penalty": "frequency_penalty", "logprobs": "logprobs"}
 # Server defaults that not every request can take: a request whose method, drafter or temperature rules one out
 # runs without it (as it would run on a server without it) instead of being refused for a setting it cannot change.
-_DEFAULTS_WHERE_THEY_FIT = ("drafter", "draft_vocab", "draft_confidence", "adaptive_gamma")
+_DEFAULTS_WHERE_THEY_FIT = ("drafter", "draft_vocab", "draft_confidence", "adaptive_gamma", "keyed_draws")
 
 
 def error_param(error: VerispecError, given: Collection[str] = ()) -> str | None:
