@@ -101,6 +101,7 @@ def test_concurrent_requests_get_their_offline_completions_and_the_metrics_add_u
         return after.get(name + labels, 0.0) - before.get(name + labels, 0.0)
 
     stats = [reply["verispec"] for _, _, reply in replies]
+    assert [s["keyed_draws"] for s in stats] == [i == KEYED for i in range(len(JOBS))]
     assert delta("verispec:spec_decode_num_draft_tokens_total") == sum(s["drafted_tokens"] for s in stats)
     assert delta("verispec:spec_decode_num_accepted_tokens_total") == sum(s["accepted_tokens"] for s in stats)
     assert delta("verispec:spec_decode_num_accepted_tokens_per_pos_total", '{"position": "0"}') > 0

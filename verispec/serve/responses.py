@@ -42,6 +42,7 @@ def verispec_block(config: DecodeConfig, trace: Trace, timed_out: bool) -> dict[
         "drafter": config.drafter,
         "gamma": config.gamma,
         "paths": config.paths,
+        "keyed_draws": config.keyed_draws,
         "rounds": len(trace.rounds),
         "drafted_tokens": sum(r.drafted for r in trace.rounds),
         "accepted_tokens": sum(r.accepted for r in trace.rounds),
