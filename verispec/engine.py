@@ -170,11 +170,13 @@ class Engine:
             # 1. Draft: up to K paths of up to gamma tokens, with the q each token was drawn from.
             t0 = time.perf_counter()
             model_gamma = lengths.next() if lengths is not None else None
+            lookup_gamma = lengths.lookup_next() if lengths is not None else None
             # The same processors, at the same counts, for the draft's q and the target's p (docs/algorithms.md §0).
             round_processors = processors.at(generated) if processors is not None else None
             block = drafter.propose(DraftRequest(
                 tokens, config.paths, gamma, config.sampling, generator, self.eos_token_ids, decoder.vocab_size,
                 stop_rule, remaining=remaining, model_gamma=model_gamma, processors=round_processors, noise=noise,
+                lookup_gamma=lookup_gamma,
             ))
             t1 = time.perf_counter()
             trace.draft_calls += block.forwards

@@ -81,6 +81,30 @@ def test_the_estimate_follows_the_rounds_and_drifts_back_to_the_prior_while_idle
     lookup.observe("ngram", 4, 0)  # a lookup round's odds are not the draft model's: it counts as a plain step
     plain.observe("none", 0, 0)
     assert lookup.alpha == plain.alpha != rule.alpha
+    assert lookup.lookup_alpha < plain.lookup_alpha  # it informs the lookup rounds' own estimate
+
+
+def test_lookup_rounds_keep_their_length_alone_and_shorten_under_load():
+    load = [1]
+    rule = AdaptiveGamma(4, sequences=lambda: load[0])
+    for _ in range(10):
+        rule.observe("ngram", 4, 0)  # every lookup round rejected at once
+    assert rule.lookup_next() is None  # alone: a lookup round costs no draft forward, it keeps its length
+    load[0] = 8
+    assert rule.lookup_next() == 0  # under load its rows cost the batched pass: a plain step pays more
+    for _ in range(20):
+        rule.observe("ngram", 4, 4)
+    assert rule.lookup_next() > 0  # a lookup accepted this often still pays
+
+
+def test_a_capped_lookup_round_drafts_fewer_tokens(tiny_pair, tokenizer):
+    ids = tokenizer.encode("a b c d e f a b c d e f a b c d e f a b")
+    config = DecodeConfig("sd", gamma=4, max_new_tokens=30, drafter="hybrid", adaptive_gamma=True)
+    alone = Engine(tiny_pair["target"], tiny_pair["same"]).decode(ids, config)
+    loaded = Engine(tiny_pair["target"], tiny_pair["same"], load=lambda: 64).decode(ids, config)
+    assert loaded.tokens == alone.tokens  # T = 0: the lengths change no token
+    lookups = [r.drafted for r in alone.trace.rounds if r.drafter == "ngram"]
+    assert lookups and sum(r.drafted for r in loaded.trace.rounds if r.drafter == "ngram") < sum(lookups)
 
 
 @pytest.mark.parametrize("method", ["sd", "bv"])

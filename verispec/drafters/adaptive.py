@@ -18,6 +18,10 @@ carry every sequence's rows: T(γ) = c·g(n)·γ + f(n·(γ + 1)), g(n) being th
 taking the other sequences to draft as this one does. Rows cost more once a pass is no longer bound by reading the
 weights, so the more sequences share the passes, the shorter the best γ: at 4 sequences and α = 0.7 a plain step.
 
+Lookup rounds cost no draft forward, so alone they keep their full length; under load their rows still cost the
+batched target pass, so there each lookup round drafts the γ that maximises E(γ) / f(n·(γ + 1)) at the recent
+acceptance of the lookup rounds (`lookup_next`; counted and decayed like the model's, from the same prior).
+
 Lossless: the length is chosen before the round from the counts of earlier rounds only (never timings or draws of
 this round), so every round is an ordinary round of its verifier and the target's law is kept; a seed gives the
 same tokens on any machine, since the costs are a fixed table rather than timings of this host.
@@ -98,23 +102,45 @@ class AdaptiveGamma:
         self.max_gamma, self.costs, self.decay, self.sequences = max_gamma, costs, decay, sequences
         self.prior_accepted, self.prior_rejected = prior * prior_weight, (1.0 - prior) * prior_weight
         self.accepted = self.rejected = 0.0  # decayed counts of the model-drafted rounds so far
+        self.lookup_accepted = self.lookup_rejected = 0.0  # the same for the lookup rounds
 
     @property
     def alpha(self) -> float:
-        """Return the current estimate of the per-token acceptance rate."""
-        accepted = self.accepted + self.prior_accepted
-        return accepted / (accepted + self.rejected + self.prior_rejected)
+        """Return the current estimate of the per-token acceptance rate of the draft model's tokens."""
+        return self._estimate(self.accepted, self.rejected)
+
+    @property
+    def lookup_alpha(self) -> float:
+        """Return the current estimate of the per-token acceptance rate of lookup tokens."""
+        return self._estimate(self.lookup_accepted, self.lookup_rejected)
+
+    def _estimate(self, accepted: float, rejected: float) -> float:
+        accepted += self.prior_accepted
+        return accepted / (accepted + rejected + self.prior_rejected)
 
     def next(self) -> int:
         """Return the most tokens the draft model may draft this round (0: none)."""
         sequences = self.sequences() if self.sequences is not None else 1
         return best_gamma(self.alpha, self.max_gamma, self.costs, sequences)
 
+    def lookup_next(self) -> int | None:
+        """Return the most tokens a lookup round may draft this round under load (0: none), or None when this
+        sequence's passes are its own (a lookup round then keeps its full length)."""
+        sequences = self.sequences() if self.sequences is not None else 1
+        if sequences <= 1:
+            return None
+        free_draft = RoundCosts(draft=0.0, target=self.costs.target, draft_rows=self.costs.draft_rows)
+        return best_gamma(self.lookup_alpha, self.max_gamma, free_draft, sequences)
+
     def observe(self, drafter: str, drafted: int, accepted: int) -> None:
-        """Record a round: `drafted` tokens proposed by `drafter`, of which the verifier kept `accepted`. Only the
-        draft model's rounds inform α (lookup rounds have other odds); every round decays the counts."""
+        """Record a round: `drafted` tokens proposed by `drafter`, of which the verifier kept `accepted`. The draft
+        model's rounds inform α, the lookup rounds their own estimate (other odds); every round decays both."""
         self.accepted *= self.decay
         self.rejected *= self.decay
+        self.lookup_accepted *= self.decay
+        self.lookup_rejected *= self.decay
+        missed = 1.0 if accepted < drafted else 0.0
         if drafter == "model" and drafted > 0:
-            self.accepted += accepted
-            self.rejected += 1.0 if accepted < drafted else 0.0
+            self.accepted, self.rejected = self.accepted + accepted, self.rejected + missed
+        elif drafter == "ngram" and drafted > 0:
+            self.lookup_accepted, self.lookup_rejected = self.lookup_accepted + accepted, self.lookup_rejected + missed

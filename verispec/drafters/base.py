@@ -34,6 +34,8 @@ class DraftRequest:
     # the most tokens the draft model may draft this round (≤ gamma; None: gamma), set by an adaptive length rule
     # (`verispec.drafters.adaptive`); lookup rounds cost no draft forward and keep `gamma`
     model_gamma: int | None = None
+    # the most tokens a lookup round may draft (≤ gamma; None: gamma), set by the adaptive rule under load
+    lookup_gamma: int | None = None
     # the round's logit processors (logit_bias, penalties), applied to the draft model's logits as to the target's;
     # None: none set
     processors: RoundProcessors | None = None
