@@ -6,7 +6,7 @@ of each server and their ratios, p50/p95 time to first token and inter-token lat
 of its own (`verispec serve` loading the default pair; `llama-server` its GGUF files).
 
     PYTHONPATH=. .venv/bin/python benchmarks/serve_batching.py --source humaneval --prompts 16 --max-tokens 64 \
-        --out benchmarks/results/serve-batching-humaneval-T0.json
+        --out benchmarks/results/serve-batching-humaneval-T0-amx.json
 
 The requests at each level: max(4, 2 x clients) prompts of `--source`, the same for every server. At each level
 the servers run one after another (verispec's per method, each peer once: its method is its own), in an order
