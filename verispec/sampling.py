@@ -183,9 +183,9 @@ class KeyedNoise:
             row = self._rows[position] = torch.from_numpy(np.reciprocal(noise, out=noise))
         return row
 
-    def rows(self, start: int, count: int) -> torch.Tensor:
-        """Return the rows of positions start..start+count-1, `[count, V]`."""
-        return torch.stack([self.row(start + i) for i in range(count)])
+    def rows(self, start: int, count: int) -> list[torch.Tensor]:
+        """Return the rows of positions start..start+count-1 (the cached tensors, not a stacked copy)."""
+        return [self.row(start + i) for i in range(count)]
 
     def draw(self, probs: torch.Tensor, position: int, config: SamplingConfig) -> int:
         """Return the token drawn from `probs` `[V]` (a law `process_logits(..., config)` returned) at `position`:

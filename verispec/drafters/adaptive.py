@@ -100,6 +100,8 @@ class AdaptiveGamma:
         """`sequences`: asked each round how many sequences share the passes (a batched server's load); None:
         this one alone."""
         self.max_gamma, self.costs, self.decay, self.sequences = max_gamma, costs, decay, sequences
+        # a lookup round's costs: no draft forward, the same target passes
+        self.lookup_costs = RoundCosts(draft=0.0, target=costs.target, draft_rows=costs.draft_rows)
         self.prior_accepted, self.prior_rejected = prior * prior_weight, (1.0 - prior) * prior_weight
         self.accepted = self.rejected = 0.0  # decayed counts of the model-drafted rounds so far
         self.lookup_accepted = self.lookup_rejected = 0.0  # the same for the lookup rounds
@@ -129,8 +131,7 @@ class AdaptiveGamma:
         sequences = self.sequences() if self.sequences is not None else 1
         if sequences <= 1:
             return None
-        free_draft = RoundCosts(draft=0.0, target=self.costs.target, draft_rows=self.costs.draft_rows)
-        return best_gamma(self.lookup_alpha, self.max_gamma, free_draft, sequences)
+        return best_gamma(self.lookup_alpha, self.max_gamma, self.lookup_costs, sequences)
 
     def observe(self, drafter: str, drafted: int, accepted: int) -> None:
         """Record a round: `drafted` tokens proposed by `drafter`, of which the verifier kept `accepted`. The draft

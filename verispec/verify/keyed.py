@@ -16,21 +16,23 @@ them), so that a race (`verispec.sampling.race`) is one multiply and one argmax.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from verispec.sampling import race
 from verispec.verify.common import VerifyResult
 
 
-def keyed_verify(draft_tokens: torch.Tensor, p: torch.Tensor, inv_noise: torch.Tensor) -> VerifyResult:
+def keyed_verify(draft_tokens: torch.Tensor, p: torch.Tensor, inv_noise: Sequence[torch.Tensor]) -> VerifyResult:
     """Verify one block by matching: keep drafted token i while it is the target's race choice at its position;
     emit the target's choice at the first mismatch (correction) or after the last token (bonus).
 
-    draft_tokens: [γ] long; p: [γ+1, V] target laws (processed); inv_noise: [γ+1, V], row i the noise of the
+    draft_tokens: [γ] long; p: [γ+1, V] target laws (processed); inv_noise: γ+1 rows [V], row i the noise of the
     position p[i] is the law of. With γ = 0 this is one keyed draw from p[0] (the autoregressive step)."""
     gamma = draft_tokens.shape[0]
-    assert p.shape[0] == gamma + 1 and inv_noise.shape == p.shape, (
-        f"p and inv_noise must be [gamma+1={gamma + 1}, V], got {tuple(p.shape)} and {tuple(inv_noise.shape)}")
+    assert p.shape[0] == gamma + 1 and len(inv_noise) == gamma + 1, (
+        f"p and inv_noise must have gamma+1={gamma + 1} rows, got {p.shape[0]} and {len(inv_noise)}")
     drafted = draft_tokens.tolist()
     for i in range(gamma + 1):
         choice = race(p[i], inv_noise[i])
