@@ -104,16 +104,31 @@ def test_hybrid_skips_the_draft_model_when_its_catch_up_costs_too_much(tiny_pair
         assert out.tokens == expected and out.trace.rounds_by_drafter().get("model", 0) > 0
 
 
-@pytest.mark.parametrize("behind_extra, drafts", [(0, True), (1, False)])
-def test_hybrid_catch_up_boundary(tiny_pair, tokenizer, behind_extra, drafts):
-    """The draft model drafts when the tokens it lacks are at most catchup × remaining, and not one token more."""
+def test_hybrid_catch_up_follows_the_engines_load(tiny_pair, tokenizer):
+    """Alone the default rule catches the short prompt up; with 1,000 sequences sharing the passes the catch-up is
+    weighed 1,000 times, so the draft model never drafts; the tokens are ar's either way (T = 0)."""
+    expected = Engine(tiny_pair["target"], tiny_pair["partial"]).decode(
+        ids(tokenizer), DecodeConfig("ar", max_new_tokens=60)).tokens
+    config = DecodeConfig("sd", gamma=4, max_new_tokens=60, drafter="hybrid", ngram_min=3, ngram_max=4)
+    for load, model_rounds in ((1, True), (1000, False)):
+        engine = Engine(tiny_pair["target"], tiny_pair["partial"], load=lambda load=load: load)
+        out = engine.decode(ids(tokenizer), config)
+        assert out.tokens == expected
+        assert (out.trace.rounds_by_drafter().get("model", 0) > 0) == model_rounds
+
+
+@pytest.mark.parametrize("behind, sequences, drafts", [(12, 1, True), (13, 1, False), (6, 2, True), (7, 2, False),
+                                                       (12, 2, False), (3, 4, True), (4, 4, False)])
+def test_hybrid_catch_up_boundary(tiny_pair, tokenizer, behind, sequences, drafts):
+    """The draft model drafts when the tokens it lacks, times the sequences sharing the passes, are at most catchup ×
+    remaining, and not one token more."""
     from verispec.drafters import DraftRequest, HybridDrafter, ModelDrafter, NgramDrafter
 
     draft = tiny_pair["partial"]
     draft.reset()
-    tokens = list(range(10, 10 + 12 + behind_extra))  # no repeated n-gram: lookup never matches
+    tokens = list(range(10, 10 + behind))  # no repeated n-gram: lookup never matches
     request = DraftRequest(tokens, 1, 3, SamplingConfig(), torch.Generator().manual_seed(0), frozenset(),
-                           tiny_pair["target"].vocab_size, remaining=4)
+                           tiny_pair["target"].vocab_size, remaining=4, sequences=sequences)
     block = HybridDrafter(NgramDrafter(2, 3), ModelDrafter(draft), catchup=3.0).propose(request)  # 12 = 3 × 4
     assert (block.drafter == "model" and block.length == 3) if drafts else (block.drafter == "none" and
                                                                            block.length == 0)

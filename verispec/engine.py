@@ -73,8 +73,8 @@ class Engine:
         self.draft = draft
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.verifier = verifier  # SPRINTER's learned verifier (a `verispec.learned.LearnedVerifier`)
-        # How many sequences share this engine's passes now (a batched server's); the adaptive draft length then
-        # follows the load (`verispec.drafters.adaptive`). None: decoded alone.
+        # How many sequences share this engine's passes now (a batched server's); the adaptive draft length
+        # (`verispec.drafters.adaptive`) and the hybrid's catch-up rule then follow the load. None: decoded alone.
         self.load = load
 
     def _models_for(self, config: DecodeConfig) -> tuple[CausalLM, CausalLM | None]:
@@ -176,7 +176,7 @@ class Engine:
             block = drafter.propose(DraftRequest(
                 tokens, config.paths, gamma, config.sampling, generator, self.eos_token_ids, decoder.vocab_size,
                 stop_rule, remaining=remaining, model_gamma=model_gamma, processors=round_processors, noise=noise,
-                lookup_gamma=lookup_gamma,
+                lookup_gamma=lookup_gamma, sequences=self.load() if self.load is not None else 1,
             ))
             t1 = time.perf_counter()
             trace.draft_calls += block.forwards

@@ -42,6 +42,9 @@ class DraftRequest:
     # keyed draws (`verispec.verify.keyed`): the draft model draws each token by a race on its position's noise;
     # None: from `generator`
     noise: KeyedNoise | None = None
+    # how many sequences share the round's passes (a batched server's load, where the request's rounds may follow
+    # it: `Engine.load`); 1: decoded alone. The hybrid's catch-up rule weighs a catch-up by it
+    sequences: int = 1
 
     @property
     def model_length(self) -> int:

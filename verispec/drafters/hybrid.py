@@ -7,6 +7,11 @@ short answer (BENCHMARKS.md §11: a 680-token prompt took the llama.cpp draft ab
 decode may still emit; otherwise the round is a plain target step, as under `ngram` alone. The rule reads token
 counts only, never timings or draws: the drafter chosen each round depends on the committed tokens alone, so every
 verifier stays lossless and a seed gives the same tokens on any machine.
+
+Under load (n sequences sharing every pass, `DraftRequest.sequences`) a catch-up is a prefill that all n sequences
+wait for, while what it can save is this sequence's: the catch-up is weighed n times, `behind` × n against `catchup`
+× remaining. The engine passes n > 1 only where a request's rounds may follow the load (at T = 0 or with keyed
+draws, whose tokens do not depend on the drafter: `verispec.serve.batched.load_follows`).
 """
 
 from __future__ import annotations
@@ -34,12 +39,13 @@ class HybridDrafter:
 
     def propose(self, request: DraftRequest) -> DraftBlock:
         """Return the n-gram block when it drafts something, else the model drafter's block, or nothing when the
-        draft model would first have to catch up on more than `catchup` × `request.remaining` tokens."""
+        draft model would first have to catch up on more than `catchup` × `request.remaining` / `request.sequences`
+        tokens."""
         block = self.ngram.propose(request)
         if block.length > 0:
             return block
         if self.model.model is not None and request.remaining is not None:  # catchup = inf: never too far behind
             behind = len(request.tokens) - self.model.model.cache_length
-            if behind > self.catchup * request.remaining:
+            if behind * max(1, request.sequences) > self.catchup * request.remaining:
                 return empty_block(request.n_paths, request.vocab_size)
         return self.model.propose(request)
