@@ -33,6 +33,7 @@ from verispec.drafting import DraftBlock, PrefixTree, StopRule
 from verispec.errors import ConfigError
 from verispec.logprobs import TokenLogprob
 from verispec.methods import Method, MultiPathResult, get_method
+from verispec.models.openmp import round_threads
 from verispec.models.protocol import CausalLM
 from verispec.models.threads import shared_cores
 from verispec.native import laws as _laws  # noqa: F401  registers GBV's and BV's C++ law kernel (verify.kernels)
@@ -119,7 +120,9 @@ class Engine:
         processors = LogitProcessors.of(config)
         if processors is not None:
             processors.check_vocab(decoder.vocab_size)
-        with shared_cores(decoder, draft_model) as (decoder, draft_model), counting_law_steps() as law_steps:
+        # Round work on one thread, forwards on all (verispec.models.threads): the same bits on any thread.
+        with round_threads(), shared_cores(decoder, draft_model) as (decoder, draft_model), \
+                counting_law_steps() as law_steps:
             output = self._decode(prompt_ids, config, on_commit, on_logprobs, decoder, draft_model, processors)
         output.trace.law_steps_kernel, output.trace.law_steps_torch = law_steps.kernel, law_steps.torch
         return output

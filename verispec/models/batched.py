@@ -26,6 +26,7 @@ import torch
 
 from verispec.models.hf import HFCausalLM
 from verispec.models.kv_cache import InPlaceKVCache
+from verispec.models.openmp import openmp_threads
 from verispec.models.protocol import ForwardOutput
 from verispec.models.tree import CacheTree
 
@@ -172,7 +173,8 @@ class ForwardBatcher:
                 return False
             batch = self._take()
         try:
-            run_batch(batch)
+            with openmp_threads(self.threads):  # the owner may be inside a decode of its own (one thread)
+                run_batch(batch)
         except BaseException as exc:  # noqa: BLE001  # handed to every waiting sequence, never lost here
             for p in batch:
                 p.error = exc

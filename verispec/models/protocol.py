@@ -5,11 +5,13 @@ a backend that has none of these inherits from `ModelDefaults`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from verispec.models.openmp import forward_threads
 from verispec.models.tree import CacheTree
 
 
@@ -120,10 +122,13 @@ class TreeCachedLM(ModelDefaults):
         tree: each attends only to its ancestors, at position id = its depth (tree attention).
         """
         assert len(tokens) >= n_logits >= 1, f"need 1 <= n_logits={n_logits} <= len(tokens)={len(tokens)}"
+        tree = None if parents is None else self._tree.extend(parents)
         if parents is None:
             self._tree.extend_chain(len(tokens))
-            return self._run(tokens, n_logits, return_hidden, None)
-        return self._run(tokens, n_logits, return_hidden, self._tree.extend(parents))
+        # torch's threads for a torch model's forward (verispec.models.openmp); a model with a pool of its own
+        # leaves torch on the round's one thread
+        with nullcontext() if self.own_thread_pool else forward_threads():
+            return self._run(tokens, n_logits, return_hidden, tree)
 
     def _run(self, tokens: Sequence[int], n_logits: int, return_hidden: bool,
              tree: tuple[torch.Tensor, torch.Tensor] | None) -> ForwardOutput:

@@ -4,8 +4,8 @@ thread pools").
 torch's OpenMP workers keep spinning for a while after each parallel operation, and llama.cpp's pool needs every
 core right after. So when one model of a decode runs its own thread pool (`own_thread_pool`, the llama.cpp backend),
 torch gets all its threads only inside a torch model's forward, where they pay, and one thread for the rest of the
-round (sampling, verification): no torch worker is then left spinning when llama.cpp starts. Threads never change
-what is computed, only where, so every method's tokens stay the same.
+round (sampling, verification): no torch worker is then left spinning when llama.cpp starts. The round's work runs on
+one thread in every decode anyway (`verispec.models.openmp`), so this changes no token.
 """
 
 from __future__ import annotations
