@@ -5,8 +5,8 @@ llama.cpp's `llama-server` peers over the same GGUF pair. Prints, per method and
 of each server and their ratios, p50/p95 time to first token and inter-token latency. Each server runs in a process
 of its own (`verispec serve` loading the default pair; `llama-server` its GGUF files).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/serve_batching.py --source humaneval --prompts 16 --max-tokens 64 \
-        --out benchmarks/results/serve-batching-humaneval-T0-amx.json
+    PYTHONPATH=. .venv/bin/python benchmarks/serve_batching.py --source humaneval --prompts 16 --max-tokens 128 \
+        --out benchmarks/results/serve-batching-humaneval-T0-128.json
 
 The requests at each level: max(4, 2 x clients) prompts of `--source`, the same for every server. At each level
 the servers run one after another (verispec's per method, each peer once: its method is its own), in an order
