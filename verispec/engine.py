@@ -120,7 +120,7 @@ class Engine:
         processors = LogitProcessors.of(config)
         if processors is not None:
             processors.check_vocab(decoder.vocab_size)
-        # Round work on one thread, forwards on all (verispec.models.threads): the same bits on any thread.
+        # Round work on one thread, forwards on all (verispec.models.openmp): the same bits on any thread.
         with round_threads(), shared_cores(decoder, draft_model) as (decoder, draft_model), \
                 counting_law_steps() as law_steps:
             output = self._decode(prompt_ids, config, on_commit, on_logprobs, decoder, draft_model, processors)
