@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import resource
 import sys
 
@@ -15,13 +16,23 @@ MB = 1 << 20
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status is Linux's")
 def test_current_and_peak_follow_an_allocation():
-    current, peak = resident_memory()
-    assert 10 * MB < current <= peak
-    block = bytearray(64 * MB)  # zero pages are resident only once written
-    block[::4096] = b"\1" * len(block[::4096])
-    grown, grown_peak = resident_memory()
-    assert grown - current > 48 * MB and grown_peak >= grown
-    del block
+    """A written 64 MB block shows in the current and the peak resident memory. Other threads of the test process
+    (servers of earlier tests winding down, the garbage collector) may free memory meanwhile, so the growth is
+    taken from the best of three tries."""
+    growths = []
+    for _ in range(3):
+        gc.collect()
+        current, peak = resident_memory()
+        assert 10 * MB < current <= peak
+        block = bytearray(64 * MB)  # zero pages are resident only once written
+        block[::4096] = b"\1" * len(block[::4096])
+        grown, grown_peak = resident_memory()
+        assert grown_peak >= grown
+        growths.append(grown - current)
+        del block
+        if growths[-1] > 48 * MB:
+            break
+    assert max(growths) > 48 * MB, growths
     assert resident_memory()[1] - current > 48 * MB  # the peak keeps the block (the kernel counts in batches)
 
 
