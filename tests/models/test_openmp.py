@@ -8,21 +8,15 @@ import threading
 import pytest
 import torch
 
+from tests.models.conftest import RecordingLM
 from verispec.config import DecodeConfig
 from verispec.engine import Engine
 from verispec.models.batched import ForwardBatcher, Pass
 from verispec.models.openmp import forward_threads, openmp_runtime, openmp_threads, round_threads
-from verispec.models.tabular import TabularLM
 
 pytestmark = pytest.mark.skipif(openmp_runtime() is None, reason="torch here runs without an OpenMP runtime")
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 def on_thread(work):
@@ -63,16 +57,6 @@ def test_the_count_changes_for_the_calling_thread_only(two_threads):
     assert seen == {"helper": 1, "main": 2, "helper after": 2}
 
 
-class RecordingLM(TabularLM):
-    """A tabular model that records torch's thread count at each forward."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.threads_seen: list[int] = []
-
-    def _run(self, tokens, n_logits, return_hidden, tree):
-        self.threads_seen.append(torch.get_num_threads())
-        return super()._run(tokens, n_logits, return_hidden, tree)
 
 
 @pytest.mark.parametrize("where", ["main", "helper"])

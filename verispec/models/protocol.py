@@ -122,9 +122,11 @@ class TreeCachedLM(ModelDefaults):
         tree: each attends only to its ancestors, at position id = its depth (tree attention).
         """
         assert len(tokens) >= n_logits >= 1, f"need 1 <= n_logits={n_logits} <= len(tokens)={len(tokens)}"
-        tree = None if parents is None else self._tree.extend(parents)
         if parents is None:
             self._tree.extend_chain(len(tokens))
+            tree = None
+        else:
+            tree = self._tree.extend(parents)
         # torch's threads for a torch model's forward (verispec.models.openmp); a model with a pool of its own
         # leaves torch on the round's one thread
         with nullcontext() if self.own_thread_pool else forward_threads():
