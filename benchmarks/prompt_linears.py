@@ -1,5 +1,6 @@
-"""What reads prompts on the int4 path: the 4-bit kernel itself, fbgemm's int8 copy, or oneDNN's bfloat16 copy (AMX
-where the CPU has it; measured only where oneDNN runs bfloat16).
+"""What reads prompts on the int4 path: the 4-bit kernel itself, fbgemm's int8 copy, oneDNN's bfloat16 copy (AMX
+where the CPU has it; measured only where oneDNN runs bfloat16), or an int8 copy on verispec's 8-bit kernel (where it
+runs on AMX tiles; the layers already on that kernel then read prompts themselves).
 
 Two measurements, the readers alternating rep by rep in one process:
 1. each linear shape of the default target at prompt sizes, 4-bit levels at random: time, GFLOP/s and the ratios to
@@ -25,9 +26,9 @@ from typing import Any
 import torch
 
 from verispec.bench.files import write_atomically
-from verispec.models.int4 import Int4Linear, KernelLinear
+from verispec.models.int4 import Int4Linear, Int8RowLinear, KernelLinear
 from verispec.models.loading import load_model
-from verispec.models.prompt_linear import amx_available, onednn_bf16, prompt_layer
+from verispec.models.prompt_linear import amx_available, kernel_tiles, onednn_bf16, prompt_layer
 from verispec.prompt_sets import load_prompts
 from verispec.provenance import machine_description
 
@@ -36,9 +37,11 @@ SHAPES = {"q/o (1536 x 1536)": (1536, 1536), "k/v (256 x 1536)": (256, 1536), "g
 
 
 def copy_formats(whole_model: bool = False) -> list[str]:
-    """The prompt copies measured on this host: int8, and bf16 where oneDNN runs it (torch's own is not a contender;
-    whole prompt forwards in bf16 only with AMX: without, its layers alone take several times the kernel's time)."""
-    return ["int8", "bf16"] if (amx_available() if whole_model else onednn_bf16()) else ["int8"]
+    """The prompt copies measured on this host: int8, bf16 where oneDNN runs it (torch's own is not a contender;
+    whole prompt forwards in bf16 only with AMX: without, its layers alone take several times the kernel's time),
+    and int8-rows where the 8-bit kernel has AMX tiles."""
+    formats = ["int8", "bf16"] if (amx_available() if whole_model else onednn_bf16()) else ["int8"]
+    return formats + (["int8-rows"] if kernel_tiles() else [])
 
 
 class FloatCopy:
@@ -88,9 +91,19 @@ def layer_table(rows: list[int], reps: int) -> list[dict[str, Any]]:
     return out
 
 
+def reader(layer: KernelLinear, bias: torch.Tensor | None, fmt: str) -> Any:
+    """Return `layer`'s prompt reader in `fmt` (a copy, `FloatCopy`, or None for the layer itself), as decoding
+    builds it."""
+    if fmt == "float32":
+        return FloatCopy(layer, bias)
+    if fmt == "int8-rows":
+        return Int8RowLinear.from_int4(layer, bias) if isinstance(layer, Int4Linear) else None
+    return prompt_layer(layer.dequantized(), bias, fmt)
+
+
 def set_readers(model: Any, fmt: str, cache: dict[str, dict[int, Any]]) -> None:
     """Give every kernel layer of `model` (but the LM head) the prompt reader `fmt`: "kernel" (none), a copy in
-    int8 or bf16, or "float32" (`FloatCopy`); each built once and kept in `cache`."""
+    int8, int8-rows or bf16, or "float32" (`FloatCopy`); each built once and kept in `cache`."""
     head = model.model.get_output_embeddings()
     for module in model.model.modules():
         layer = getattr(module, "quantized", None)
@@ -98,8 +111,7 @@ def set_readers(model: Any, fmt: str, cache: dict[str, dict[int, Any]]) -> None:
             continue
         built = cache.setdefault(fmt, {})
         if fmt != "kernel" and id(layer) not in built:
-            built[id(layer)] = (FloatCopy(layer, module.bias) if fmt == "float32"
-                                else prompt_layer(layer.dequantized(), module.bias, fmt))
+            built[id(layer)] = reader(layer, module.bias, fmt)
         layer.prompt_linear = built.get(id(layer))
 
 
@@ -158,6 +170,9 @@ def main() -> None:
             for fmt in copy_formats(whole_model=True):
                 ratio = sum(r[f"{fmt}_s"] for r in at) / sum(r["kernel_s"] for r in at)
                 print(f"{length} tokens: the {fmt} copy takes {ratio:.2f}x the kernel's time over {len(at)} prompts")
+            if "int8-rows" in copy_formats(whole_model=True) and "bf16" in copy_formats(whole_model=True):
+                ratio = sum(r["int8-rows_s"] for r in at) / sum(r["bf16_s"] for r in at)
+                print(f"{length} tokens: the int8-rows copy takes {ratio:.2f}x the bf16 copy's time")
     write_atomically(Path(args.out), json.dumps(result, indent=1))
 
 

@@ -119,22 +119,33 @@ def test_no_prompt_copies_where_the_kernels_read_prompts(tmp_path, monkeypatch):
     fresh_logits(model, [i % 60 for i in range(PROMPT_ROWS + 1)], 1)  # a prompt on the decode kernels
 
 
-def test_prompt_copies_are_built_on_the_first_long_forward(tmp_path, monkeypatch):
-    monkeypatch.setattr(prompt_linear, "amx_available", lambda: True)  # where copies are made: bfloat16 ones
+@pytest.mark.parametrize("tiles", [False, True])
+def test_prompt_copies_are_built_on_the_first_long_forward(tmp_path, monkeypatch, tiles):
+    # where copies are made: bfloat16 ones on oneDNN, or int8 ones on the 8-bit kernel where it has AMX tiles
+    monkeypatch.setattr(prompt_linear, "amx_available", lambda: True)
+    monkeypatch.setattr(prompt_linear, "kernel_tiles", lambda: tiles)
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
     model = load_model(str(path), "target", linear_backend="int4")
-    copies = [layer.prompt_linear for layer in layers(model).values() if layer.prompt_linear is not None]
-    assert len(copies) == 2 * len(LAYER_TYPES)  # every decoder linear, not the LM head
+    by_name = {name: layer for name, layer in layers(model).items() if not name.endswith("lm_head")}
+    copies = [layer.prompt_linear for layer in by_name.values() if layer.prompt_linear is not None]
+    # every decoder linear, not the LM head; with int8-rows not the layers already on the 8-bit kernel either
+    own = [layer for layer in by_name.values() if isinstance(layer, Int8RowLinear)]
+    assert own and len(copies) == 2 * len(LAYER_TYPES) - (len(own) if tiles else 0)
     assert all(isinstance(c, LazyPromptCopy) and not c.built for c in copies)
+    assert all(c.format == ("int8-rows" if tiles else "bf16") for c in copies)
     fresh_logits(model, [i % 60 for i in range(PROMPT_ROWS)], 1)  # no copy runs at the threshold itself
     assert not any(c.built for c in copies)
     fresh_logits(model, [i % 60 for i in range(PROMPT_ROWS + 1)], 1)
     assert all(c.built for c in copies)
     assert build_prompt_copies(model.model) == 0
     assert build_prompt_copies(load_model(str(path), "target", linear_backend="int4").model) == len(copies)
-    layer = layers(model)["model.layers.0.self_attn.q_proj"]
+    layer = by_name["model.layers.0.self_attn.q_proj"]
+    assert isinstance(layer, Int4Linear)
     x = torch.randn(PROMPT_ROWS + 5, 256, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(layer(x), prompt_layer(layer.dequantized(), layer.prompt_linear._bias)(x))
+    built = layer.prompt_linear.build()
+    reference = (Int8RowLinear(layer.dequantized(), built.bias) if tiles
+                 else prompt_layer(layer.dequantized(), built.bias, "bf16"))
+    assert torch.equal(layer(x), reference(x))
 
 
 def test_damaged_and_unsupported_files_are_one_line_errors(tmp_path):

@@ -47,25 +47,63 @@ def test_amx_is_detected_as_the_cpu_reports_it():
     assert prompt_linear.amx_available() == ("amx_tile" in flags and prompt_linear.onednn_bf16())
 
 
-def test_auto_takes_bfloat16_with_amx_the_kernel_at_avx512_vnni_and_int8_elsewhere(monkeypatch):
-    cases = [(True, level, "bf16") for level in ("avx512-vnni", "avx2")]
-    cases += [(False, "avx512-vnni", "none"), (False, "avx-vnni", "int8"), (False, "avx2", "int8"),
-              (False, "portable", "int8")]
-    for amx, level, expected in cases:
+def test_auto_takes_int8_rows_with_tiles_bfloat16_with_amx_alone_the_kernel_at_avx512_vnni_and_int8_elsewhere(
+        monkeypatch):
+    monkeypatch.delenv(prompt_linear.CHOICE_VARIABLE, raising=False)
+    cases = [(True, True, level, "int8-rows") for level in ("avx512-vnni", "avx2")]
+    cases += [(True, False, level, "bf16") for level in ("avx512-vnni", "avx2")]
+    cases += [(False, False, "avx512-vnni", "none"), (False, False, "avx-vnni", "int8"),
+              (False, False, "avx2", "int8"), (False, False, "portable", "int8")]
+    for amx, tiles, level, expected in cases:
         monkeypatch.setattr(prompt_linear, "amx_available", lambda amx=amx: amx)
+        monkeypatch.setattr(prompt_linear, "kernel_tiles", lambda tiles=tiles: tiles)
         monkeypatch.setattr(prompt_linear, "kernel_level", lambda level=level: level)
-        assert prompt_format() == expected, (amx, level)
-        for choice in ("none", "int8", "bf16"):
+        assert prompt_format() == expected, (amx, tiles, level)
+        for choice in ("none", "int8-rows", "int8", "bf16"):
             assert prompt_format(choice) == choice
-    assert "bfloat16" in prompt_copy("bf16") and "int8" in prompt_copy("int8") and "same" in prompt_copy("none")
+            monkeypatch.setenv(prompt_linear.CHOICE_VARIABLE, choice)  # what "auto" means, where the user says
+            assert prompt_format() == choice
+            monkeypatch.delenv(prompt_linear.CHOICE_VARIABLE)
+    assert "bfloat16" in prompt_copy("bf16") and "fbgemm" in prompt_copy("int8") and "same" in prompt_copy("none")
+    assert "8-bit kernel" in prompt_copy("int8-rows")
     weight = torch.randn(64, 32)
     assert isinstance(prompt_layer(weight, None, "bf16"), Bf16Linear)
     assert isinstance(prompt_layer(weight, None, "int8"), QuantizedLinear)
+    assert isinstance(prompt_layer(weight, None, "int8-rows"), Int8RowLinear)
     assert prompt_layer(weight, None, "none") is None
+    # a shape the 8-bit kernel does not take gets the copy the host would make without it
+    monkeypatch.setattr(prompt_linear, "onednn_bf16", lambda: True)
+    assert isinstance(prompt_layer(torch.randn(48, 32), None, "int8-rows"), Bf16Linear)
+    monkeypatch.setattr(prompt_linear, "onednn_bf16", lambda: False)
+    assert isinstance(prompt_layer(torch.randn(48, 32), None, "int8-rows"), QuantizedLinear)
+
+
+def test_a_wrong_prompt_copy_variable_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(prompt_linear.CHOICE_VARIABLE, "fp8")
+    with pytest.raises(ConfigError, match="VERISPEC_PROMPT_COPY='fp8' is not a prompt copy format"):
+        prompt_format()
+
+
+def test_the_int8_rows_copy_of_a_4bit_layer_is_the_8bit_layer_of_its_weights_bit_for_bit():
+    gen = torch.Generator().manual_seed(3)
+    weight = planted_grid(128, 96, seed=3)
+    weight[5] = 0  # an all-zero row keeps a scale of 1
+    q, scale, offset, _ = grid_4bit(weight)
+    bias = torch.randn(128, generator=gen)
+    layer = Int4Linear(q, scale, offset, bias)
+    copy, reference = Int8RowLinear.from_int4(layer, bias), Int8RowLinear(layer.dequantized(), bias)
+    for name in ("packed", "scale", "rowsum", "bias"):
+        assert torch.equal(getattr(copy, name), getattr(reference, name)), name
+    assert copy.scale[5] == 1 and copy.rowsum[5] == 0
+    x = torch.randn(PROMPT_ROWS + 7, 96, generator=gen)
+    assert torch.equal(copy(x), reference(x))
+    # it is a copy of this layer's weights: another layer's differ
+    other = Int4Linear(*grid_4bit(planted_grid(128, 96, seed=4))[:3], bias)
+    assert not torch.equal(Int8RowLinear.from_int4(other, bias).packed, copy.packed)
 
 
 def test_an_unknown_prompt_copy_format_is_a_clear_error():
-    with pytest.raises(ConfigError, match="unknown prompt copy format 'fp8'.*auto, none, int8, bf16"):
+    with pytest.raises(ConfigError, match="unknown prompt copy format 'fp8'.*auto, none, int8-rows, int8, bf16"):
         prompt_format("fp8")
     with pytest.raises(ConfigError, match="unknown prompt copy format"):
         use_int4_linears(tiny_qwen2(64, seed=0, hidden=64, dtype=torch.float32), prompt="fp8")
@@ -89,15 +127,26 @@ def test_prompt_sized_forwards_of_each_kernel_layer_run_the_bfloat16_copy():
     assert "fbgemm" in switch.describe() and "bfloat16 copy" in switch.describe()
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_every_layer_but_the_lm_head_gets_a_prompt_copy_where_the_host_makes_one(monkeypatch, amx):
+@pytest.mark.parametrize("amx, tiles", [(True, True), (True, False), (False, False)])
+def test_every_layer_but_the_lm_head_gets_a_prompt_copy_where_the_host_makes_one(monkeypatch, amx, tiles):
+    monkeypatch.delenv(prompt_linear.CHOICE_VARIABLE, raising=False)
     monkeypatch.setattr(prompt_linear, "amx_available", lambda: amx)
+    monkeypatch.setattr(prompt_linear, "kernel_tiles", lambda: tiles)
     model = grid_model(seed=1)
     layers = [m.quantized for m in model.model.modules() if hasattr(m, "quantized")]
     head = model.model.get_output_embeddings().quantized
     kernel_layers = [layer for layer in layers if hasattr(layer, "prompt_linear")]
     assert kernel_layers and getattr(head, "prompt_linear", None) is None
-    if amx:
+    if tiles:  # 4-bit layers get an int8 copy on the 8-bit kernel, the 8-bit layers read prompts themselves, and
+        # layers of shapes the kernel does not take keep the bfloat16 copy
+        expected = {Int4Linear: Int8RowLinear, Int8RowLinear: type(None), PromptSwitch: Bf16Linear}
+        kinds = {type(layer) for layer in kernel_layers if layer is not head}
+        assert Int4Linear in kinds and kinds <= set(expected)
+        for layer in kernel_layers:
+            if layer is not head:
+                assert isinstance(layer.prompt_linear, expected[type(layer)])
+        assert "an int8 copy (verispec's 8-bit kernel" in model.linear_kernel
+    elif amx:
         assert all(isinstance(layer.prompt_linear, Bf16Linear) for layer in kernel_layers if layer is not head)
         assert "a bfloat16 copy" in model.linear_kernel
     else:  # the kernels read prompts themselves: no copy of any weight, none named

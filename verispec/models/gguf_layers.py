@@ -39,11 +39,11 @@ COUNTS = ("int4", "int8_rows", "int8", "int4_rounded")  # the layer kinds, as `u
 
 
 class LazyPromptCopy:
-    """A layer's prompt copy (`prompt_layer(weight, bias, choice)`), built on its first call from `weight()`."""
+    """A layer's prompt copy in format `format`, built by `make()` on its first call (or by `build`)."""
 
-    def __init__(self, weight: Callable[[], torch.Tensor], bias: torch.Tensor | None, choice: str) -> None:
-        self._weight, self._bias, self._choice = weight, bias, choice
-        self._layer: QuantizedLinear | Bf16Linear | None = None
+    def __init__(self, make: Callable[[], Any], format: str) -> None:
+        self._make, self.format = make, format
+        self._layer: QuantizedLinear | Bf16Linear | Int8RowLinear | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward(x)
@@ -52,11 +52,11 @@ class LazyPromptCopy:
         """Return x W^T + b from the copy, building it first if this is its first call."""
         return self.build()(x)
 
-    def build(self) -> QuantizedLinear | Bf16Linear:
+    def build(self) -> QuantizedLinear | Bf16Linear | Int8RowLinear:
         """Build the copy if it is not built yet; return it."""
         if self._layer is None:
-            self._layer = prompt_layer(self._weight(), self._bias, self._choice)
-            self._weight = None  # the layer's own weights stay reachable through the layer, not through this
+            self._layer = self._make()
+            self._make = None  # the layer's own weights stay reachable through the layer, not through this
         return self._layer
 
     @property
@@ -65,7 +65,7 @@ class LazyPromptCopy:
 
     def describe(self) -> str:
         """Return what reads prompts through this copy."""
-        return prompt_copy(self._choice)
+        return prompt_copy(self.format)
 
 
 def build_prompt_copies(model: torch.nn.Module) -> int:
@@ -78,19 +78,17 @@ def build_prompt_copies(model: torch.nn.Module) -> int:
     return len(todo)
 
 
-class _LazyBf16Copy(LazyPromptCopy, Bf16Linear):
-    """A lazy copy in bfloat16: a Bf16Linear by class, because the kernel layers name their prompt copy's format by
-    its class (`KernelLinear._prompts`); every call goes to `LazyPromptCopy`'s methods, first in the order."""
-
-
 def lazy_prompt_copy(layer: Int4Linear | Int8RowLinear, bias: torch.Tensor | None, choice: str = "auto"
                      ) -> LazyPromptCopy | None:
-    """Return the prompt copy of `layer`, to be built from `layer.dequantized()` on its first call; None where the
-    format is "none" (the layer reads prompts itself)."""
+    """Return the prompt copy of `layer`, to be built on its first call (an int8-rows copy of a 4-bit layer by the
+    kernel from its packed weights, any other from `layer.dequantized()`); None where the layer reads prompts
+    itself: the format is "none", or int8-rows for a layer on the 8-bit kernel already."""
     kind = prompt_format(choice)
-    if kind == "none":
+    if kind == "none" or (kind == "int8-rows" and isinstance(layer, Int8RowLinear)):
         return None
-    return (_LazyBf16Copy if kind == "bf16" else LazyPromptCopy)(layer.dequantized, bias, choice)
+    if kind == "int8-rows" and isinstance(layer, Int4Linear):
+        return LazyPromptCopy(lambda: Int8RowLinear.from_int4(layer, bias), kind)
+    return LazyPromptCopy(lambda: prompt_layer(layer.dequantized(), bias, kind), kind)
 
 
 def kernel_layer(module: torch.nn.Linear, weight: Callable[[], torch.Tensor], levels: tuple | None = None,

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from verispec.models.prompt_linear import Bf16Linear, prompt_copy, prompt_format, prompt_layer
+from verispec.models.prompt_linear import Bf16Linear, copy_format, prompt_copy, prompt_format, prompt_layer
 from verispec.models.quantized import QuantizedLinear, quantized_engine, replace_linears
 from verispec.native.build import load_native
 
@@ -168,11 +168,17 @@ class KernelLinear:
     def _prompts(self) -> str:
         if self.prompt_linear is None:
             return ""
-        copy = prompt_copy("bf16" if isinstance(self.prompt_linear, Bf16Linear) else "int8")
+        copy = prompt_copy(copy_format(self.prompt_linear))
         return f"; over {PROMPT_ROWS} tokens {copy}"
 
     def _isa(self) -> str:
         return ISA_NAMES[self.kernel.isa()]
+
+
+def kernel_shape(out_features: int, in_features: int) -> bool:
+    """Return whether the kernel's linears take this shape: outputs a multiple of 64, inputs a multiple of 32, and
+    at most `MAX_INT8_INPUTS` inputs (the 8-bit path's int32 sums)."""
+    return not (out_features % (QUAD * ROWS) or in_features % GROUP) and in_features <= MAX_INT8_INPUTS
 
 
 def _check_shape(out_features: int, in_features: int) -> None:
@@ -264,6 +270,22 @@ class Int8RowLinear(KernelLinear):
     def _run(self, rows: torch.Tensor) -> torch.Tensor:
         return self.kernel.linear8(rows, self.packed, self.scale, self.rowsum, self.bias)
 
+    @classmethod
+    def from_int4(cls, layer: Int4Linear, bias: torch.Tensor | None) -> Int8RowLinear:
+        """Return the 8-bit layer of `layer`'s weights: `Int8RowLinear(layer.dequantized(), bias)`, bit for bit,
+        computed by the kernel from the packed 4-bit weights without their float copy."""
+        quads, groups = layer.packed.shape[:2]
+        packed = huge_page_empty((quads, groups, QUAD, 512), torch.int8)
+        scale = torch.empty(layer.out_features, dtype=torch.float32)
+        rowsum = torch.empty(layer.out_features, dtype=torch.int32)
+        layer.kernel.pack8_from4(layer.packed, packed, scale, rowsum)
+        copy = cls.__new__(cls)
+        copy.out_features, copy.in_features = layer.out_features, layer.in_features
+        copy.packed, copy.scale, copy.rowsum = packed, scale, rowsum
+        copy.prompt_linear, copy.kernel = None, layer.kernel
+        copy.bias = bias.detach().float().contiguous() if bias is not None else torch.empty(0)
+        return copy
+
     def state(self) -> dict[str, torch.Tensor]:
         """Return the tensors `from_state` rebuilds this layer from (its prompt copy is not among them)."""
         return {"packed": self.packed, "scale": self.scale, "rowsum": self.rowsum, "bias": self.bias}
@@ -343,9 +365,11 @@ def use_int4_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = N
                 layer = Int4Linear(q, scale, offset, module.bias)
                 layer.prompt_linear = copy_of(layer.dequantized())
                 return layer
-        prompt_linear = copy_of(module.weight)
         if fits_4bit(module) and module.in_features <= MAX_INT8_INPUTS:
-            return Int8RowLinear(module.weight, module.bias, prompt_linear=prompt_linear)
+            # on int8-rows the layer's own kernel is the prompt copy's: no second copy
+            own = prompt_format(prompt) == "int8-rows"
+            return Int8RowLinear(module.weight, module.bias, prompt_linear=None if own else copy_of(module.weight))
+        prompt_linear = copy_of(module.weight)
         if isinstance(prompt_linear, Bf16Linear):
             return PromptSwitch(QuantizedLinear(module.weight, module.bias), prompt_linear)
         return prompt_linear or QuantizedLinear(module.weight, module.bias)  # fbgemm's int8 for every forward

@@ -1,27 +1,32 @@
-"""What reads prompts on the int4 path: the decode kernels themselves, an int8 copy of the weights on fbgemm, or,
-where the CPU has AMX tiles, a bfloat16 copy on oneDNN.
+"""What reads prompts on the int4 path: the decode kernels themselves, an int8 copy of the weights on verispec's 8-bit
+kernel or on fbgemm, or a bfloat16 copy on oneDNN.
 
 Why: a prompt-sized forward is bound by arithmetic, not by the bytes read, and each kernel level does that
-arithmetic at its own speed. Measured on the default target with 2 threads on a 2-core Xeon (AVX-512 VNNI, no AMX):
-  - the AVX-512 VNNI kernel is within reach of fbgemm's int8: an int8 copy read prompts of 128 / 512 / 1,024 tokens
-    in 0.92x / 0.85x / 0.89x of its time (`benchmarks/prompt_linears.py`), and 600-700-token prompts of a decode in
+arithmetic at its own speed. Measured on the default target with 2 threads on 2-core Xeons:
+  - with AMX tiles (Intel Xeon since Sapphire Rapids), verispec's 8-bit kernel runs passes on tiles: an int8 copy of
+    the 4-bit layers on it read 100 / 250 / 600 / 1,000-token prompts in 0.75x / 0.87x / 0.87x / 0.92x of the time
+    of a bfloat16 copy on oneDNN's AMX kernels (`benchmarks/prompt_linears.py`), in half its memory; the layers
+    already on the 8-bit kernel read prompts themselves;
+  - at the AVX-512 VNNI level without AMX, the kernel is within reach of fbgemm's int8: an int8 copy read prompts of
+    128 / 512 / 1,024 tokens in 0.92x / 0.85x / 0.89x of its time, and 600-700-token prompts of a decode in
     0.75-0.85x, for 2.2 GB of memory and 25-36 s to build for the default pair: no copy is made there;
   - the 256-bit levels (AVX2, AVX-VNNI; `VERISPEC_ISA`) are not: the AVX2 kernel took 2.4x the int8 copy's time on
-    those 600-700-token prompts (16.4-17.3 s per 1,000 tokens, against 6.5-7.2), so the copy is made there, as on
-    the portable level;
-  - with AMX (Intel Xeon since Sapphire Rapids), oneDNN multiplies bfloat16 tiles several times faster than the int8
-    paths, and the prompt round is a large share of a decode on long prompts: there a bfloat16 copy pays.
+    those 600-700-token prompts (16.4-17.3 s per 1,000 tokens, against 6.5-7.2), so fbgemm's copy is made there, as
+    on the portable level.
 Every method reads its prompt in one such forward, so prompt positions are computed alike for all methods, and a
 row's outputs do not depend on the other rows (no activation scale is shared across the batch).
 
-Formats (`CHOICES`): "none", the layer's own kernel; "bf16", weights and activations rounded to bfloat16 (8
-significant bits), products summed in float32, outputs rounded to bfloat16; "int8", fbgemm with weights rounded to 8
-bits per channel and activations to 8 bits per token.
+Formats (`CHOICES`; `VERISPEC_PROMPT_COPY` sets what "auto" means): "none", the layer's own kernel; "int8-rows",
+verispec's 8-bit kernel (weights rounded to 8 bits per row, activations to 8 bits per token, integer sums);
+"int8", fbgemm with weights rounded to 8 bits per channel and activations to 8 bits per token; "bf16", weights and
+activations rounded to bfloat16 (8 significant bits), products summed in float32, outputs rounded to bfloat16.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+from typing import Any
 
 import torch
 
@@ -29,7 +34,8 @@ from verispec.errors import ConfigError
 from verispec.models.quantized import QuantizedLinear
 
 PACK_ROWS = 256  # the batch size oneDNN packs the bfloat16 weights for (a typical prompt)
-CHOICES = ("auto", "none", "int8", "bf16")
+CHOICES = ("auto", "none", "int8-rows", "int8", "bf16")
+CHOICE_VARIABLE = "VERISPEC_PROMPT_COPY"  # what "auto" means, where set
 
 
 @functools.cache
@@ -59,16 +65,42 @@ def kernel_level() -> str:
     return best_isa()
 
 
+def kernel_tiles() -> bool:
+    """Return whether verispec's 8-bit kernel runs prompt-sized passes on AMX tiles on this host."""
+    from verispec.models.int4 import extension
+
+    return bool(extension().amx())
+
+
 def prompt_format(choice: str = "auto") -> str:
-    """Return the prompt copy's format for `choice`: "none" (no copy), "int8" or "bf16"; "auto" means bf16 on a CPU
-    with AMX, none where the kernel runs at the AVX-512 VNNI level, int8 elsewhere (the module's docstring)."""
+    """Return the prompt copy's format for `choice`: "none" (no copy), "int8-rows", "int8" or "bf16"; "auto" means
+    `$VERISPEC_PROMPT_COPY` where set, else int8-rows where the 8-bit kernel has AMX tiles, bf16 where only oneDNN
+    has them, none where the kernel runs at the AVX-512 VNNI level, int8 elsewhere (the module's docstring)."""
     if choice not in CHOICES:
         raise ConfigError(f"unknown prompt copy format {choice!r}; choose one of {', '.join(CHOICES)}")
     if choice == "auto":
+        chosen = os.environ.get(CHOICE_VARIABLE, "auto")
+        if chosen not in CHOICES:
+            raise ConfigError(f"{CHOICE_VARIABLE}={chosen!r} is not a prompt copy format; choose one of "
+                              f"{', '.join(CHOICES)}")
+        if chosen != "auto":
+            return chosen
         if amx_available():
-            return "bf16"
+            return "int8-rows" if kernel_tiles() else "bf16"
         return "none" if kernel_level() in KERNEL_READS_PROMPTS else "int8"
     return choice
+
+
+def copy_format(copy: Any) -> str:
+    """Return the format of the prompt copy `copy` (a built layer, or a lazy copy that knows its format)."""
+    from verispec.models.int4 import Int8RowLinear
+
+    known = getattr(copy, "format", None)
+    if known is not None:
+        return known
+    if isinstance(copy, Bf16Linear):
+        return "bf16"
+    return "int8-rows" if isinstance(copy, Int8RowLinear) else "int8"
 
 
 def prompt_copy(choice: str = "auto") -> str:
@@ -76,6 +108,8 @@ def prompt_copy(choice: str = "auto") -> str:
     kind = prompt_format(choice)
     if kind == "bf16":
         return "a bfloat16 copy (oneDNN" + (", AMX)" if amx_available() else ")")
+    if kind == "int8-rows":
+        return "an int8 copy (verispec's 8-bit kernel" + (", AMX tiles)" if kernel_tiles() else ")")
     return "an int8 copy (fbgemm)" if kind == "int8" else "the same kernels"
 
 
@@ -111,11 +145,17 @@ class Bf16Linear:
                                                                   if self.onednn else "torch)")
 
 
-def prompt_layer(weight: torch.Tensor, bias: torch.Tensor | None, choice: str = "auto"
-                 ) -> QuantizedLinear | Bf16Linear | None:
+def prompt_layer(weight: torch.Tensor, bias: torch.Tensor | None, choice: str = "auto") -> Any:
     """Return the copy of a linear's weights that reads prompts, in `prompt_format(choice)`; None where that is
-    "none" (the layer reads prompts itself)."""
+    "none" (the layer reads prompts itself). A shape the 8-bit kernel does not take gets the copy of the AMX hosts
+    without it (bf16 where oneDNN runs it, else int8) in place of int8-rows."""
+    from verispec.models.int4 import Int8RowLinear, kernel_shape
+
     kind = prompt_format(choice)
+    if kind == "int8-rows" and not kernel_shape(*weight.shape):
+        kind = "bf16" if onednn_bf16() else "int8"
     if kind == "none":
         return None
+    if kind == "int8-rows":
+        return Int8RowLinear(weight, bias)
     return Bf16Linear(weight, bias) if kind == "bf16" else QuantizedLinear(weight, bias)

@@ -31,6 +31,9 @@ void check_packed8(const at::Tensor& packed, const at::Tensor& scale, const at::
 // The packed layout of 4-bit levels q [N, K] uint8 (0..15) with float32 scale and offset [N, K/32], written into out
 // [N/64, K/32, 4, 320] uint8 (int4_pack.cpp).
 void pack4_into(const at::Tensor& q, const at::Tensor& scale, const at::Tensor& offset, at::Tensor& out);
+// The 8-bit layout (out [N/64, K/32, 4, 512] int8, row scales [N] float32, row sums [N] int32) of a 4-bit layer's
+// packed weights, rounded to 8 bits per row as `Int8RowLinear` rounds float weights (int4_pack.cpp).
+void pack8_from4(const at::Tensor& packed4, at::Tensor& out, at::Tensor& scale, at::Tensor& rowsum);
 
 // The checked entry points: y [T, N] float32.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias);

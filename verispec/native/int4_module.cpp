@@ -9,6 +9,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "4-bit-weight, per-token int8-activation linear");
   m.def("linear8", &linear8, "int8-weight (per-row scale), per-token int8-activation linear");
   m.def("pack4_into", &pack4_into, "write the 4-bit layout of levels, scales and offsets into a uint8 tensor");
+  m.def("pack8_from4", &pack8_from4, "write the 8-bit layout, row scales and row sums of a 4-bit layer's weights");
   m.def("isa", &isa, "the instruction-set level this module was compiled for");
   m.def("vnni", &vnni, "whether this build's integer products run on vpdpbusd (AVX-512 VNNI or AVX-VNNI)");
   m.def("amx", &amx, "whether 8-bit passes of several tokens run on AMX tiles");
