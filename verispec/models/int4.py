@@ -141,9 +141,8 @@ class KernelLinear:
     """What the kernel's layers share: the call, the prompt-size switch and the output's dtype and shape.
 
     `prompt_linear`: the layer to run forwards of more than `PROMPT_ROWS` tokens instead, or None for the layer
-    itself: a copy of the same weights in bfloat16 on oneDNN where the CPU has AMX tiles, which multiply a prompt
-    several times faster (`verispec.models.prompt_linear`; elsewhere an int8 copy would save 8-15% of a prompt's
-    time for 2.2 GB of memory on the default pair).
+    itself: a copy of the same weights in the host's fastest arithmetic for prompts (`verispec.models.prompt_linear`:
+    int8 on this kernel's AMX tiles, bfloat16 on oneDNN, or int8 on fbgemm).
     Every method reads its prompt in one such forward, so prompt positions are computed alike for all and greedy
     `sd` still reproduces greedy `ar`.
     """
