@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 from verispec.bench.files import write_atomically
-from verispec.models.int4 import Int4Linear, Int8RowLinear, KernelLinear
+from verispec.models.int4 import Int4Linear, Int8RowLinear, KernelLinear, prompt_copy_of
 from verispec.models.loading import load_model
-from verispec.models.prompt_linear import amx_available, kernel_tiles, onednn_bf16, prompt_layer
+from verispec.models.prompt_linear import amx_available, kernel_tiles, onednn_bf16
 from verispec.prompt_sets import load_prompts
 from verispec.provenance import machine_description
 
@@ -75,7 +75,7 @@ def layer_table(rows: list[int], reps: int) -> list[dict[str, Any]]:
         offset = (-torch.rand(n, k // 32, generator=gen) * 0.03).half()
         kernel = Int4Linear(q, scale, offset, None)
         weight = kernel.dequantized()
-        readers = {"kernel": kernel._run, **{fmt: prompt_layer(weight, None, fmt) for fmt in copy_formats()}}
+        readers = {"kernel": kernel._run, **{fmt: prompt_copy_of(weight, None, fmt) for fmt in copy_formats()}}
         for t in rows:
             x = torch.randn(t, k, generator=gen)
             times = alternate({name: (lambda r=r, x=x: r(x)) for name, r in readers.items()}, reps)
@@ -98,7 +98,7 @@ def reader(layer: KernelLinear, bias: torch.Tensor | None, fmt: str) -> Any:
         return FloatCopy(layer, bias)
     if fmt == "int8-rows":
         return Int8RowLinear.from_int4(layer, bias) if isinstance(layer, Int4Linear) else None
-    return prompt_layer(layer.dequantized(), bias, fmt)
+    return prompt_copy_of(layer.dequantized(), bias, fmt)
 
 
 def set_readers(model: Any, fmt: str, cache: dict[str, dict[int, Any]]) -> None:

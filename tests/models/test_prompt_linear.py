@@ -9,8 +9,16 @@ import torch
 from tests.models.protocol_cases import fresh_logits
 from tests.models.test_int4 import grid_model, on_grid, planted_grid
 from verispec.errors import ConfigError
-from verispec.models import prompt_linear
-from verispec.models.int4 import PROMPT_ROWS, Int4Linear, Int8RowLinear, PromptSwitch, grid_4bit, use_int4_linears
+from verispec.models import int4, prompt_linear
+from verispec.models.int4 import (
+    PROMPT_ROWS,
+    Int4Linear,
+    Int8RowLinear,
+    PromptSwitch,
+    grid_4bit,
+    prompt_copy_of,
+    use_int4_linears,
+)
 from verispec.models.prompt_linear import Bf16Linear, prompt_copy, prompt_format, prompt_layer
 from verispec.models.quantized import QuantizedLinear, quantized_engine
 from verispec.models.tiny import tiny_qwen2
@@ -69,13 +77,15 @@ def test_auto_takes_int8_rows_with_tiles_bfloat16_with_amx_alone_the_kernel_at_a
     weight = torch.randn(64, 32)
     assert isinstance(prompt_layer(weight, None, "bf16"), Bf16Linear)
     assert isinstance(prompt_layer(weight, None, "int8"), QuantizedLinear)
-    assert isinstance(prompt_layer(weight, None, "int8-rows"), Int8RowLinear)
-    assert prompt_layer(weight, None, "none") is None
+    assert isinstance(prompt_copy_of(weight, None, "int8-rows"), Int8RowLinear)
+    assert prompt_layer(weight, None, "none") is None and prompt_copy_of(weight, None, "none") is None
+    with pytest.raises(ValueError, match="prompt_copy_of"):  # the kernel's copies are made where the kernel is
+        prompt_layer(weight, None, "int8-rows")
     # a shape the 8-bit kernel does not take gets the copy the host would make without it
-    monkeypatch.setattr(prompt_linear, "onednn_bf16", lambda: True)
-    assert isinstance(prompt_layer(torch.randn(48, 32), None, "int8-rows"), Bf16Linear)
-    monkeypatch.setattr(prompt_linear, "onednn_bf16", lambda: False)
-    assert isinstance(prompt_layer(torch.randn(48, 32), None, "int8-rows"), QuantizedLinear)
+    monkeypatch.setattr(int4, "onednn_bf16", lambda: True)
+    assert isinstance(prompt_copy_of(torch.randn(48, 32), None, "int8-rows"), Bf16Linear)
+    monkeypatch.setattr(int4, "onednn_bf16", lambda: False)
+    assert isinstance(prompt_copy_of(torch.randn(48, 32), None, "int8-rows"), QuantizedLinear)
 
 
 def test_a_wrong_prompt_copy_variable_is_a_clear_error(monkeypatch):

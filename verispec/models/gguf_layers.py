@@ -29,10 +29,11 @@ from verispec.models.int4 import (
     Int8RowLinear,
     fits_4bit,
     grid_4bit,
+    prompt_copy_of,
     use_int4_linears,
 )
 from verispec.models.layer_cache import LayerCache
-from verispec.models.prompt_linear import Bf16Linear, prompt_copy, prompt_format, prompt_layer
+from verispec.models.prompt_linear import Bf16Linear, prompt_copy, prompt_format
 from verispec.models.quantized import QuantizedLinear
 
 COUNTS = ("int4", "int8_rows", "int8", "int4_rounded")  # the layer kinds, as `use_int4_linears` counts them
@@ -88,7 +89,7 @@ def lazy_prompt_copy(layer: Int4Linear | Int8RowLinear, bias: torch.Tensor | Non
         return None
     if kind == "int8-rows" and isinstance(layer, Int4Linear):
         return LazyPromptCopy(lambda: Int8RowLinear.from_int4(layer, bias), kind)
-    return LazyPromptCopy(lambda: prompt_layer(layer.dequantized(), bias, kind), kind)
+    return LazyPromptCopy(lambda: prompt_copy_of(layer.dequantized(), bias, kind), kind)
 
 
 def kernel_layer(module: torch.nn.Linear, weight: Callable[[], torch.Tensor], levels: tuple | None = None,

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from verispec.models.prompt_linear import Bf16Linear, copy_format, prompt_copy, prompt_format, prompt_layer
+from verispec.models.prompt_linear import Bf16Linear, copy_format, onednn_bf16, prompt_copy, prompt_format, prompt_layer
 from verispec.models.quantized import QuantizedLinear, quantized_engine, replace_linears
 from verispec.native.build import load_native
 
@@ -246,6 +246,8 @@ class Int8RowLinear(KernelLinear):
     """y = x W^T + b with W in int8 (one float32 scale per output row: max |w| / 127) and x in int8 per token, on
     the kernel's 8-bit path."""
 
+    format = "int8-rows"  # its format as a prompt copy (`prompt_copy_of`)
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
                  prompt_linear: QuantizedLinear | Bf16Linear | None = None) -> None:
         self.out_features, self.in_features = weight.shape
@@ -328,6 +330,18 @@ class PromptSwitch(KernelLinear):
         return self.decode.describe() + self._prompts()
 
 
+def prompt_copy_of(weight: torch.Tensor, bias: torch.Tensor | None, choice: str = "auto") -> Any:
+    """Return the copy of a linear's weights that reads prompts, in `prompt_format(choice)`: an `Int8RowLinear` for
+    int8-rows where the kernel takes the shape (else the copy the host makes without it: bf16 where oneDNN runs it,
+    int8 elsewhere), any other format's from `prompt_layer`; None for "none"."""
+    kind = prompt_format(choice)
+    if kind == "int8-rows":
+        if kernel_shape(*weight.shape):
+            return Int8RowLinear(weight, bias)
+        kind = "bf16" if onednn_bf16() else "int8"
+    return prompt_layer(weight, bias, kind)
+
+
 def fits_4bit(module: torch.nn.Linear) -> bool:
     """Return whether the kernel's shapes allow `module`: outputs a multiple of 64, inputs a multiple of 32."""
     return module.out_features % (QUAD * ROWS) == 0 and module.in_features % GROUP == 0
@@ -353,7 +367,7 @@ def use_int4_linears(model: torch.nn.Module, lm_head: torch.nn.Module | None = N
     def make(module: torch.nn.Linear) -> KernelLinear | QuantizedLinear:
         # The LM head reads one row per prompt (the last position's logits): its copy would never run.
         def copy_of(weight: torch.Tensor) -> QuantizedLinear | Bf16Linear | None:
-            return prompt_layer(weight, module.bias, prompt) if module is not lm_head else None
+            return prompt_copy_of(weight, module.bias, prompt) if module is not lm_head else None
 
         if fits_4bit(module):
             q, scale, offset, share = grid_4bit(module.weight)

@@ -67,10 +67,12 @@ def kernel_level() -> str:
 
 
 def kernel_tiles() -> bool:
-    """Return whether verispec's 8-bit kernel runs prompt-sized passes on AMX tiles on this host."""
-    from verispec.models.int4 import extension
+    """Return whether verispec's 8-bit kernel runs prompt-sized passes on AMX tiles on this host: at its AVX-512 VNNI
+    level it is built with them where the CPU has them (`verispec.native.cpu`), and the OS grants them to this process
+    (torch's probe in `amx_available` asks)."""
+    from verispec.native.cpu import cpu_features
 
-    return bool(extension().amx())
+    return kernel_level() == "avx512-vnni" and {"amx_tile", "amx_int8"} <= cpu_features() and amx_available()
 
 
 def prompt_format(choice: str = "auto") -> str:
@@ -93,15 +95,8 @@ def prompt_format(choice: str = "auto") -> str:
 
 
 def copy_format(copy: Any) -> str:
-    """Return the format of the prompt copy `copy` (a built layer, or a lazy copy that knows its format)."""
-    from verispec.models.int4 import Int8RowLinear
-
-    known = getattr(copy, "format", None)
-    if known is not None:
-        return known
-    if isinstance(copy, Bf16Linear):
-        return "bf16"
-    return "int8-rows" if isinstance(copy, Int8RowLinear) else "int8"
+    """Return the format of the prompt copy `copy`: its `format` (a lazy copy's, or its class's), else int8 (fbgemm)."""
+    return getattr(copy, "format", "int8")
 
 
 def prompt_copy(choice: str = "auto") -> str:
@@ -116,6 +111,8 @@ def prompt_copy(choice: str = "auto") -> str:
 
 class Bf16Linear:
     """y = x W^T + b with W and x in bfloat16, summed in float32 by oneDNN (AMX tiles where the CPU has them)."""
+
+    format = "bf16"
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.out_features, self.in_features = weight.shape
@@ -146,17 +143,14 @@ class Bf16Linear:
                                                                   if self.onednn else "torch)")
 
 
-def prompt_layer(weight: torch.Tensor, bias: torch.Tensor | None, choice: str = "auto") -> Any:
-    """Return the copy of a linear's weights that reads prompts, in `prompt_format(choice)`; None where that is
-    "none" (the layer reads prompts itself). A shape the 8-bit kernel does not take gets the copy of the AMX hosts
-    without it (bf16 where oneDNN runs it, else int8) in place of int8-rows."""
-    from verispec.models.int4 import Int8RowLinear, kernel_shape
-
+def prompt_layer(weight: torch.Tensor, bias: torch.Tensor | None, choice: str = "auto"
+                 ) -> QuantizedLinear | Bf16Linear | None:
+    """Return the copy of a linear's weights that reads prompts, in `prompt_format(choice)` ("int8" or "bf16"); None
+    where that is "none" (the layer reads prompts itself). int8-rows copies live on verispec's kernel:
+    `verispec.models.int4.prompt_copy_of` makes them (and every other format through this)."""
     kind = prompt_format(choice)
-    if kind == "int8-rows" and not kernel_shape(*weight.shape):
-        kind = "bf16" if onednn_bf16() else "int8"
+    if kind == "int8-rows":
+        raise ValueError("int8-rows prompt copies are made by verispec.models.int4.prompt_copy_of")
     if kind == "none":
         return None
-    if kind == "int8-rows":
-        return Int8RowLinear(weight, bias)
     return Bf16Linear(weight, bias) if kind == "bf16" else QuantizedLinear(weight, bias)
