@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from verispec.bench.files import write_atomically
-from verispec.models.int4 import Int4Linear, Int8RowLinear, KernelLinear, prompt_copy_of
+from verispec.models.int4 import Int4Linear, KernelLinear, layer_prompt_copy, prompt_copy_of
 from verispec.models.loading import load_model
 from verispec.models.prompt_linear import amx_available, kernel_tiles, onednn_bf16
 from verispec.prompt_sets import load_prompts
@@ -94,11 +94,7 @@ def layer_table(rows: list[int], reps: int) -> list[dict[str, Any]]:
 def reader(layer: KernelLinear, bias: torch.Tensor | None, fmt: str) -> Any:
     """Return `layer`'s prompt reader in `fmt` (a copy, `FloatCopy`, or None for the layer itself), as decoding
     builds it."""
-    if fmt == "float32":
-        return FloatCopy(layer, bias)
-    if fmt == "int8-rows":
-        return Int8RowLinear.from_int4(layer, bias) if isinstance(layer, Int4Linear) else None
-    return prompt_copy_of(layer.dequantized(), bias, fmt)
+    return FloatCopy(layer, bias) if fmt == "float32" else layer_prompt_copy(layer, bias, fmt)
 
 
 def set_readers(model: Any, fmt: str, cache: dict[str, dict[int, Any]]) -> None:

@@ -29,7 +29,8 @@ from verispec.models.int4 import (
     Int8RowLinear,
     fits_4bit,
     grid_4bit,
-    prompt_copy_of,
+    layer_prompt_copy,
+    reads_own_prompts,
     use_int4_linears,
 )
 from verispec.models.layer_cache import LayerCache
@@ -85,11 +86,9 @@ def lazy_prompt_copy(layer: Int4Linear | Int8RowLinear, bias: torch.Tensor | Non
     kernel from its packed weights, any other from `layer.dequantized()`); None where the layer reads prompts
     itself: the format is "none", or int8-rows for a layer on the 8-bit kernel already."""
     kind = prompt_format(choice)
-    if kind == "none" or (kind == "int8-rows" and isinstance(layer, Int8RowLinear)):
+    if reads_own_prompts(layer, kind):
         return None
-    if kind == "int8-rows" and isinstance(layer, Int4Linear):
-        return LazyPromptCopy(lambda: Int8RowLinear.from_int4(layer, bias), kind)
-    return LazyPromptCopy(lambda: prompt_copy_of(layer.dequantized(), bias, kind), kind)
+    return LazyPromptCopy(lambda: layer_prompt_copy(layer, bias, kind), kind)
 
 
 def kernel_layer(module: torch.nn.Linear, weight: Callable[[], torch.Tensor], levels: tuple | None = None,

@@ -280,12 +280,8 @@ class Int8RowLinear(KernelLinear):
         scale = torch.empty(layer.out_features, dtype=torch.float32)
         rowsum = torch.empty(layer.out_features, dtype=torch.int32)
         layer.kernel.pack8_from4(layer.packed, packed, scale, rowsum)
-        copy = cls.__new__(cls)
-        copy.out_features, copy.in_features = layer.out_features, layer.in_features
-        copy.packed, copy.scale, copy.rowsum = packed, scale, rowsum
-        copy.prompt_linear, copy.kernel = None, layer.kernel
-        copy.bias = bias.detach().float().contiguous() if bias is not None else torch.empty(0)
-        return copy
+        bias = bias.detach() if bias is not None else torch.empty(0)
+        return cls._of_parts(packed, scale, rowsum, bias)
 
     def state(self) -> dict[str, torch.Tensor]:
         """Return the tensors `from_state` rebuilds this layer from (its prompt copy is not among them)."""
@@ -294,12 +290,17 @@ class Int8RowLinear(KernelLinear):
     @classmethod
     def from_state(cls, state: dict[str, torch.Tensor]) -> Int8RowLinear:
         """Return the layer whose `state()` is `state`, without quantizing or packing anything again."""
+        return cls._of_parts(huge_page_copy(state["packed"]), state["scale"], state["rowsum"], state["bias"])
+
+    @classmethod
+    def _of_parts(cls, packed: torch.Tensor, scale: torch.Tensor, rowsum: torch.Tensor, bias: torch.Tensor
+                  ) -> Int8RowLinear:
+        """Return the layer of packed weights `packed` (kept as given), row scales and sums, and bias (empty: none)."""
         layer = cls.__new__(cls)
-        quads, chunks = state["packed"].shape[:2]
+        quads, chunks = packed.shape[:2]
         layer.out_features, layer.in_features = quads * QUAD * ROWS, chunks * GROUP
-        layer.packed = huge_page_copy(state["packed"])
-        layer.scale, layer.rowsum = state["scale"].contiguous(), state["rowsum"].contiguous()
-        layer.bias, layer.prompt_linear, layer.kernel = state["bias"].float().contiguous(), None, extension()
+        layer.packed, layer.scale, layer.rowsum = packed, scale.contiguous(), rowsum.contiguous()
+        layer.bias, layer.prompt_linear, layer.kernel = bias.float().contiguous(), None, extension()
         return layer
 
     def dequantized(self) -> torch.Tensor:
@@ -340,6 +341,23 @@ def prompt_copy_of(weight: torch.Tensor, bias: torch.Tensor | None, choice: str 
             return Int8RowLinear(weight, bias)
         kind = "bf16" if onednn_bf16() else "int8"
     return prompt_layer(weight, bias, kind)
+
+
+def reads_own_prompts(layer: KernelLinear, kind: str) -> bool:
+    """Return whether `layer` reads prompts itself under prompt copy format `kind`: "none", or int8-rows for a layer
+    on the 8-bit kernel already (its copy would be itself)."""
+    return kind == "none" or (kind == "int8-rows" and isinstance(layer, Int8RowLinear))
+
+
+def layer_prompt_copy(layer: Int4Linear | Int8RowLinear, bias: torch.Tensor | None, kind: str) -> Any:
+    """Return the prompt copy of kernel layer `layer` in format `kind`: None where it reads prompts itself, an
+    int8-rows copy of a 4-bit layer made by the kernel from its packed weights, any other from its dequantized
+    weights (`prompt_copy_of`)."""
+    if reads_own_prompts(layer, kind):
+        return None
+    if kind == "int8-rows" and isinstance(layer, Int4Linear):
+        return Int8RowLinear.from_int4(layer, bias)
+    return prompt_copy_of(layer.dequantized(), bias, kind)
 
 
 def fits_4bit(module: torch.nn.Linear) -> bool:

@@ -67,12 +67,12 @@ def kernel_level() -> str:
 
 
 def kernel_tiles() -> bool:
-    """Return whether verispec's 8-bit kernel runs prompt-sized passes on AMX tiles on this host: at its AVX-512 VNNI
-    level it is built with them where the CPU has them (`verispec.native.cpu`), and the OS grants them to this process
-    (torch's probe in `amx_available` asks)."""
-    from verispec.native.cpu import cpu_features
+    """Return whether verispec's 8-bit kernel runs prompt-sized passes on AMX tiles on this host: its level is built
+    with them (`verispec.native.cpu.amx_tiles`), and the OS grants them to this process (torch's probe in
+    `amx_available` asks)."""
+    from verispec.native.cpu import amx_tiles
 
-    return kernel_level() == "avx512-vnni" and {"amx_tile", "amx_int8"} <= cpu_features() and amx_available()
+    return amx_tiles(kernel_level()) and amx_available()
 
 
 def prompt_format(choice: str = "auto") -> str:

@@ -97,6 +97,13 @@ def best_isa(features: Iterable[str] | None = None) -> str:
     return supported_isas(features)[0]
 
 
+def amx_tiles(isa: str, features: Iterable[str] | None = None) -> bool:
+    """Return whether the kernels built for level `isa` on the CPU (`features`, default this one's) have the 8-bit
+    path's AMX tile code."""
+    have = cpu_features() if features is None else frozenset(features)
+    return isa == "avx512-vnni" and _AMX <= have
+
+
 def isa_flags(isa: str, features: Iterable[str] | None = None) -> tuple[str, ...]:
     """Return the compiler flags for level `isa` on the CPU (`features`, default this one's): a ConfigError naming
     the missing flags where it cannot run that level."""
@@ -105,6 +112,6 @@ def isa_flags(isa: str, features: Iterable[str] | None = None) -> tuple[str, ...
         raise ConfigError(f"this CPU cannot run the {isa} level of verispec's kernels; it lacks {', '.join(gaps)}")
     have = cpu_features() if features is None else frozenset(features)
     flags = next(flags for needs, flags in _VARIANTS[isa] if needs <= have)
-    if isa == "avx512-vnni" and _AMX <= have:
+    if amx_tiles(isa, have):
         flags = (*flags, "-mamx-tile", "-mamx-int8")
     return (*_X86_64, *flags) if _x86() else flags
