@@ -5,9 +5,9 @@ Why: a prompt-sized forward is bound by arithmetic, not by the bytes read, and e
 arithmetic at its own speed. Measured on the default target with 2 threads on 2-core Xeons:
   - with AMX tiles (Intel Xeon since Sapphire Rapids), verispec's 8-bit kernel runs passes on tiles: an int8 copy of
     the 4-bit layers on it read 256 / 1,024-token prompts in 0.85x / 0.95x of the time of a bfloat16 copy on
-    oneDNN's AMX kernels (`benchmarks/prompt_linears.py`), for 1.6 GB of memory against 3.9 GB, at the precision of
-    decode passes (NLL per token 2.6211 against 2.6160 on held-out text); the layers already on the 8-bit kernel
-    read prompts themselves;
+    oneDNN's AMX kernels (`benchmarks/prompt_linears.py`), for 1.6 GB of memory against 3.9 GB (measured once), at
+    the precision of decode passes (NLL per token 2.6211 against 2.6160 on held-out text); the layers already on the
+    8-bit kernel read prompts themselves;
   - at the AVX-512 VNNI level without AMX, the kernel is within reach of fbgemm's int8: an int8 copy read prompts of
     128 / 512 / 1,024 tokens in 0.92x / 0.85x / 0.89x of its time, and 600-700-token prompts of a decode in
     0.75-0.85x, for 2.2 GB of memory and 25-36 s to build for the default pair: no copy is made there;
