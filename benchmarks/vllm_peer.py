@@ -28,6 +28,8 @@ from verispec.vllm.run import run_in_subprocess
 
 NGRAM = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 VERISPEC_NGRAM = {"method": "custom_class", "model": "verispec.vllm.proposer.NgramProposer"}
+# the hybrid's draft model is the embedded default draft, on verispec's kernels (VERISPEC_VLLM_DRAFT unset)
+VERISPEC_HYBRID = {"method": "custom_class", "model": "verispec.vllm.proposer.HybridProposer"}
 
 
 def configurations(gamma: int) -> dict[str, tuple[dict | None, str | None]]:
@@ -38,6 +40,7 @@ def configurations(gamma: int) -> dict[str, tuple[dict | None, str | None]]:
         "vllm-ngram": (NGRAM | {"num_speculative_tokens": gamma}, None),
         "vllm-draft-model": (draft | {"num_speculative_tokens": gamma}, None),
         "verispec-ngram+bv": (VERISPEC_NGRAM | {"num_speculative_tokens": gamma}, "bv"),
+        "verispec-hybrid+bv": (VERISPEC_HYBRID | {"num_speculative_tokens": gamma}, "bv"),
         "vllm-draft-model+verispec-bv": (draft | {"num_speculative_tokens": gamma}, "bv"),
     }
 
@@ -45,7 +48,8 @@ def configurations(gamma: int) -> dict[str, tuple[dict | None, str | None]]:
 def run_one(args: argparse.Namespace, prompts: list[list[int]], spec: dict | None, rule: str | None) -> dict:
     """Run one configuration in a fresh process; return its result (or its error)."""
     engine = {"model": str(converted_dir(TARGET)), "dtype": args.dtype, "enforce_eager": True,
-              "max_model_len": 2048, "max_num_seqs": len(prompts), "max_num_batched_tokens": 2048, "seed": 0}
+              "max_model_len": 2048, "max_num_seqs": len(prompts), "max_num_batched_tokens": 2048, "seed": 0,
+              "disable_log_stats": False}
     if spec:
         engine["speculative_config"] = spec
     job = {"engine": engine, "prompts": prompts, "max_tokens": args.max_tokens, "temperature": args.temperature,

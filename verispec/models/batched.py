@@ -35,7 +35,8 @@ class SlotLM(HFCausalLM):
     """One sequence's view of a loaded `HFCausalLM`: the same weights and decoder loop, a KV cache of its own (kept
     across requests, so a slot's buffers are reused), forwards run by a `ForwardBatcher`."""
 
-    def __init__(self, shared: HFCausalLM, batcher: ForwardBatcher, priority: int = 0) -> None:
+    def __init__(self, shared: HFCausalLM, batcher: ForwardBatcher | None, priority: int = 0) -> None:
+        """`batcher`: runs the slot's forwards; None for a slot whose passes a caller runs with `forward_together`."""
         if shared.reduced_head is not None:
             raise ValueError("a model with a reduced head keeps per-sequence state in its head: it cannot be shared")
         self.__dict__.update(shared.__dict__)  # weights, decoder loop, tokenizer, name: shared, never written here
@@ -53,6 +54,8 @@ class SlotLM(HFCausalLM):
 
     def _run(self, tokens: Sequence[int], n_logits: int, return_hidden: bool,
              tree: tuple[torch.Tensor, torch.Tensor] | None) -> ForwardOutput:
+        if self.batcher is None:
+            raise RuntimeError("this slot has no batcher: run its passes with forward_together")
         return self.batcher.submit(Pass(self, list(tokens), n_logits, return_hidden, tree))
 
     def batchable(self, length: int) -> bool:
@@ -223,3 +226,27 @@ def run_batch(batch: list[Pass]) -> None:
     outputs = lean.run_segments(segments, [p.n_logits for p in batch], any(p.return_hidden for p in batch))
     for p, (logits, hidden) in zip(batch, outputs, strict=True):
         p.result = p.slot._outputs(logits, hidden if p.return_hidden else None)
+
+
+def forward_together(passes: Sequence[tuple[SlotLM, Sequence[int]]]) -> list[ForwardOutput]:
+    """Run one chain forward per (slot, new tokens) now, on this thread, and return each one's last-position
+    outputs: the passes the decode kernels take share one stacked call per model, the others (a long catch-up, a
+    model off verispec's kernels) run alone, as a `ForwardBatcher` would run them. For a caller that drives several
+    sequences in lock-step itself (vLLM's proposer: `verispec.vllm.draft_pool`). Slots must be distinct."""
+    batch = []
+    for slot, tokens in passes:
+        slot._tree.extend_chain(len(tokens))  # what `TreeCachedLM.forward` records before `_run`
+        batch.append(Pass(slot, list(tokens), 1, False, None))
+    stacked: dict[int, list[Pass]] = {}
+    for p in batch:
+        if p.slot.batchable(p.rows):
+            stacked.setdefault(id(p.slot.shared), []).append(p)
+        else:
+            run_batch([p])
+    for group in stacked.values():
+        run_batch(group)
+    outputs = []
+    for p in batch:
+        assert p.result is not None
+        outputs.append(p.result)
+    return outputs

@@ -6,7 +6,9 @@
 JOB: {"engine": {keyword arguments of vllm.LLM: model, dtype, speculative_config, ...},
       "prompts": [[token ids], ...], "max_tokens": N, "temperature": T, "seeds": [one per prompt] or null,
       "ignore_eos": bool, "rule": verispec rule name or null, "repeat": timed repeats (default 1)}
-OUT: {"vllm": version, "load_seconds": s, "generate_seconds": [s per repeat], "outputs": [[token ids], ...]}
+OUT: {"vllm": version, "load_seconds": s, "generate_seconds": [s per repeat], "outputs": [[token ids], ...],
+      "counts": vLLM's spec-decode counters over every repeat (`spec_counts`), where the engine has
+      "disable_log_stats": false, else null}
 
 The tests and the bench peers drive vLLM through this one script in a subprocess: vLLM pins its own transformers,
 so it lives in a virtualenv of its own, and each run starts from a clean process (vLLM's engine keeps global
@@ -48,8 +50,9 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         begin = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         times.append(time.perf_counter() - begin)
+    counts = None if job["engine"].get("disable_log_stats", True) else spec_counts(llm)
     return {"vllm": vllm.__version__, "load_seconds": load_seconds, "generate_seconds": times,
-            "outputs": [list(out.outputs[0].token_ids) for out in outputs]}
+            "outputs": [list(out.outputs[0].token_ids) for out in outputs], "counts": counts}
 
 
 def run_in_subprocess(job: dict[str, Any], env: dict[str, str] | None = None, python: str = sys.executable,
