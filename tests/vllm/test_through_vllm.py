@@ -2,10 +2,11 @@
 with the plugin is the target's, and at T = 0 it is vLLM's own greedy decoding.
 
 A tiny Qwen2 model (8 tokens, made here) runs in vLLM's offline engine, one subprocess per configuration
-(`verispec.vllm.run`), with one of verispec's proposers (`custom_class`): the n-gram lookup drafting from a
-repetitive prompt, so that most rounds draft 3 tokens, or the hybrid from a prompt where no suffix recurs, so that
-its draft model (a second tiny model, with other weights) drafts the first round. The exact law of the first three
-tokens comes from the target's weights through transformers, enumerated over all 8^3 continuations.
+(`verispec.vllm.run`), with one of verispec's proposers (`custom_class`): the n-gram lookup, from a prompt where
+every first token continues a recurring suffix, so that every request drafts; or the hybrid, from a prompt where no
+suffix recurs, so that its draft model (a second tiny model, with other weights) drafts the first round. The exact
+law of the first three tokens comes from the target's weights through transformers, enumerated over all 8^3
+continuations.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ pytest.importorskip("vllm", reason="vLLM is not installed in this environment: `
 pytestmark = pytest.mark.slow
 
 VOCAB, STEPS, RUNS = 8, 3, 4000
-PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # lookup proposes 3, 1, 2 at the first round
+# vLLM proposes after sampling the first token x1, so lookup needs the suffix (7, x1) to recur: the prompt holds
+# (7, v) for every v, and lookup drafts whatever x1 is (7, x1 + 1, 7 for x1 < 7)
+PROMPT = [7, 0, 7, 1, 7, 2, 7, 3, 7, 4, 7, 5, 7, 6, 7, 7]
 PROPOSER = {"method": "custom_class", "model": "verispec.vllm.proposer.NgramProposer", "num_speculative_tokens": 3}
 HYBRID_PROMPT = [1, 2, 3, 4, 5, 6, 7, 0]  # no suffix recurs: the hybrid's draft model drafts the first round
 HYBRID = PROPOSER | {"model": "verispec.vllm.proposer.HybridProposer"}
@@ -59,7 +62,10 @@ def run_vllm(model: Path, prompts: list[list[int]], temperature: float, max_toke
     """Return vLLM's outputs for `prompts` from a fresh process (`verispec.vllm.run`); with a proposer, check that
     it drafted for every request."""
     engine = {"model": str(model), "dtype": "float32", "skip_tokenizer_init": True, "enforce_eager": True,
-              "max_model_len": 64, "max_num_seqs": 256, "max_num_batched_tokens": 2048, "seed": 0,
+              "max_model_len": 64, "max_num_seqs": 256, "seed": 0,
+              # every prompt of a step in one pass: with 2048, 256 prompts of 16 tokens were read over two steps while
+              # others drafted, and vLLM's CPU engine core died (with vLLM's own `ngram` too; docs/vllm.md)
+              "max_num_batched_tokens": 8192,
               "disable_log_stats": False}
     if speculative:
         engine["speculative_config"] = speculative
