@@ -1,6 +1,8 @@
 """verispec inside vLLM (docs/vllm.md).
 
 - `verispec.vllm.proposer.NgramProposer`: verispec's n-gram drafter as vLLM's `custom_class` proposer.
+- `verispec.vllm.proposer.HybridProposer`: verispec's hybrid drafter (the lookup, else greedy drafts from a draft
+  model verispec runs on its own kernels; `VERISPEC_VLLM_DRAFT`) as another.
 - `verispec.vllm.rejection`: verispec's lossless single-path rules (`bv`, `sd`) in vLLM's rejection sampler.
 
 `register` is vLLM's general plugin entry point (pyproject: `vllm.general_plugins`): vLLM calls it in each of its
