@@ -1,6 +1,6 @@
 """The hybrid proposer's draft caches (`verispec.vllm.draft_pool`; no vLLM needed): greedy drafts for a batch of
 contexts equal each context's greedy draft computed alone, a request's next step feeds only what it committed since,
-sessions stay within their capacity and are reused least recently used first, and the proposer drafts with the model
+caches stay within their capacity and are reused least recently used first, and the proposer drafts with the model
 only where the lookup finds nothing."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def test_batched_drafts_equal_drafts_alone_and_reuse_caches(draft):
     drafts = pool.draft(first + [[]], [4, 3, 5, 4])
     assert drafts[3] == []  # an empty context drafts nothing
     assert drafts[:3] == [alone(draft, ctx, g) for ctx, g in zip(first, [4, 3, 5], strict=True)]
-    assert len(pool.sessions) == 3
+    assert len(pool.caches) == 3
     fed = pool.fed
     # next step, rows in another order: each request committed two of its drafts and one token of its own
     grown = [first[1] + drafts[1][:2] + [7], first[0] + drafts[0][:2] + [8]]
@@ -73,23 +73,23 @@ def test_batched_drafts_equal_drafts_alone_and_reuse_caches(draft):
     assert again == [alone(draft, ctx, 4) for ctx in grown]
     # each request fed its one new token (the drafts it kept were cached), then each draft token but the last
     assert pool.fed - fed == sum(1 + len(d) - 1 for d in again)
-    assert len(pool.sessions) == 3
+    assert len(pool.caches) == 3
 
 
-def test_sessions_stay_within_capacity_least_recently_used_first(draft):
+def test_caches_stay_within_capacity_least_recently_used_first(draft):
     pool = DraftPool(draft, capacity=2)
     a, b, c = contexts(2, [12, 14, 16])
     c[0] = 1  # shares no prefix with a or b
     pool.draft([a, b], [2, 2])
-    pool.draft([a + [5]], [2])  # b's session is now the least recently used
-    held_b = next(s for s in pool.sessions if s.tokens[:len(b)] == b)
+    pool.draft([a + [5]], [2])  # b's cache is now the least recently used
+    held_b = next(s for s in pool.caches if s.tokens[:len(b)] == b)
     assert pool.draft([c], [3]) == [alone(draft, c, 3)]
-    assert len(pool.sessions) == 2 and held_b.tokens[:len(c)] == c  # c took b's cache
-    # a context that is a prefix of what a session holds rolls it back (and still feeds one token)
+    assert len(pool.caches) == 2 and held_b.tokens[:len(c)] == c  # c took b's cache
+    # a context that is a prefix of what a cache holds rolls it back (and still feeds one token)
     assert pool.draft([a[:6]], [2]) == [alone(draft, a[:6], 2)]
     # more requests at once than capacity: every one gets a cache
     assert pool.draft([a, b, c], [1, 1, 1]) == [alone(draft, ctx, 1) for ctx in (a, b, c)]
-    assert len(pool.sessions) == 3
+    assert len(pool.caches) == 3
 
 
 def test_hybrid_proposer_drafts_with_the_model_where_lookup_finds_nothing(draft, monkeypatch):
@@ -108,4 +108,4 @@ def test_hybrid_proposer_drafts_with_the_model_where_lookup_finds_nothing(draft,
     assert drafts[1] == alone(draft, [21, 22, 23, 24, 25, 26], 3)
     found = proposer.lookup(tokens[2, :38].tolist(), 1)
     assert drafts[2] == (found or alone(draft, tokens[2, :38].tolist(), 1))
-    assert len(proposer.pool.sessions) == 1 + (not found)
+    assert len(proposer.pool.caches) == 1 + (not found)
