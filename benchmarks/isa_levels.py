@@ -21,7 +21,8 @@ import time
 
 import torch
 
-from verispec.models.int4 import Int4Linear, Int8RowLinear, extension, grid_4bit, huge_page_copy
+from verispec.models.grid4 import grid_4bit
+from verispec.models.int4 import Int4Linear, Int8RowLinear, extension, huge_page_copy
 from verispec.native.cpu import supported_isas
 
 # (out, in, bits): attention q/o, k/v, the MLP's gate/up and down projections, and an 8-bit down projection

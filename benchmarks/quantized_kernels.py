@@ -23,7 +23,8 @@ from collections.abc import Callable
 
 import torch
 
-from verispec.models.int4 import Int4Linear, grid_4bit
+from verispec.models.grid4 import grid_4bit
+from verispec.models.int4 import Int4Linear
 from verispec.models.quantized import QuantizedLinear, quantized_engine, reduce_range_needed
 
 ROWS = (1, 2, 5, 16)

@@ -22,7 +22,8 @@ import sys
 import torch
 import verispec
 from verispec.cache import cache_dir
-from verispec.models.int4 import Int4Linear, grid_4bit
+from verispec.models.grid4 import grid_4bit
+from verispec.models.int4 import Int4Linear
 
 assert verispec.__file__.startswith(sys.argv[1]), verispec.__file__
 gen = torch.Generator().manual_seed(0)

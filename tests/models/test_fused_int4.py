@@ -9,8 +9,9 @@ import torch
 from tests.models.test_int4 import layer_for, planted_grid
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.fused import FusedInt4, fused_projections
+from verispec.models.grid4 import grid_4bit
 from verispec.models.hf import HFCausalLM
-from verispec.models.int4 import PROMPT_ROWS, Int4Linear, grid_4bit
+from verispec.models.int4 import PROMPT_ROWS, Int4Linear
 from verispec.models.quantized import QuantizedLinear, quantized_engine
 from verispec.models.tiny import tiny_qwen2, tiny_tokenizer
 

@@ -16,6 +16,7 @@ from tests.models.protocol_cases import fresh_logits, rollback_case, tree_case
 from verispec.engine import DecodeConfig, Engine
 from verispec.models import int4
 from verispec.models.fastpath import apply_linear_backend
+from verispec.models.grid4 import grid_4bit
 from verispec.models.hf import HFCausalLM
 from verispec.models.int4 import (
     GROUP,
@@ -24,7 +25,6 @@ from verispec.models.int4 import (
     Int8RowLinear,
     PromptSwitch,
     extension,
-    grid_4bit,
     use_int4_linears,
 )
 from verispec.models.quantized import QuantizedLinear, quantized_engine

@@ -10,12 +10,12 @@ from tests.models.protocol_cases import fresh_logits
 from tests.models.test_int4 import grid_model, on_grid, planted_grid
 from verispec.errors import ConfigError
 from verispec.models import int4, prompt_linear
+from verispec.models.grid4 import grid_4bit
 from verispec.models.int4 import (
     PROMPT_ROWS,
     Int4Linear,
     Int8RowLinear,
     PromptSwitch,
-    grid_4bit,
     prompt_copy_of,
     use_int4_linears,
 )

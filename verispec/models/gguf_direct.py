@@ -1,7 +1,7 @@
 """A GGUF model built straight into the int4 path's kernel layers: no float32 copy of the model, no grid search.
 
 Why: the int4 path used to load a float32 copy of the GGUF (6 GB for the 1.5B target, converted once) and search
-every linear for the 4-bit grid its weights came from (`verispec.models.int4.grid_4bit`): minutes per load. Here
+every linear for the 4-bit grid its weights came from (`verispec.models.grid4.grid_4bit`): minutes per load. Here
 each linear is built from its own GGUF tensor (`verispec.models.gguf_blocks`), one at a time, into the layer the
 float path would give it (`verispec.models.gguf_layers.kernel_layer`):
   - 4-bit blocks (Q4_0, Q4_1, Q4_K) give the kernel's levels, scale and offset as they are (`Int4Linear`);

@@ -22,13 +22,13 @@ from typing import Any
 import torch
 
 from verispec.models.gguf_blocks import dequantize
+from verispec.models.grid4 import grid_4bit
 from verispec.models.int4 import (
     MAX_INT8_INPUTS,
     ON_GRID,
     Int4Linear,
     Int8RowLinear,
     fits_4bit,
-    grid_4bit,
     layer_prompt_copy,
     reads_own_prompts,
     use_int4_linears,
