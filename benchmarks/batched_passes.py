@@ -2,6 +2,8 @@
 (`verispec.models.batched`: each sequence with its own cache, every linear over all n·r rows), on the default pair
 as the server loads it. Prints min and median ms per pass and f = t / t(one sequence, one token) for the target and
 the draft: the cost tables of the adaptive draft length (`verispec.drafters.adaptive`) are read from these.
+`--compare-4bit-tiles`: each pass also with the 4-bit layers kept off AMX tiles, the two alternating rep by rep, and
+the ratio (tiles / vector path; the same bits either way).
 
     PYTHONPATH=. .venv/bin/python benchmarks/batched_passes.py --out benchmarks/results/batched-passes.json
 """
@@ -19,6 +21,7 @@ import torch
 from verispec.api import Decoder
 from verispec.bench.files import write_atomically
 from verispec.models.batched import ForwardBatcher, Pass, SlotLM, run_batch
+from verispec.models.decoder_stack import set_amx4_tiles
 from verispec.provenance import provenance
 
 
@@ -41,6 +44,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=100, help="cached tokens per sequence before the passes")
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--compare-4bit-tiles", action="store_true",
+                        help="also time each pass with the 4-bit layers off AMX tiles (alternating); print the ratio")
     args = parser.parse_args()
     decoder = Decoder()
     models = {role: decoder.model(role) for role in ("target", "draft")}
@@ -57,13 +62,26 @@ def main() -> None:
         for n in args.sequences:
             for rows in args.rows:
                 timed(slots[:n], rows, args.context)  # warm-up
-                times = [timed(slots[:n], rows, args.context) for _ in range(args.reps)]
+                times, vector = [], []
+                for _ in range(args.reps):
+                    times.append(timed(slots[:n], rows, args.context))
+                    if args.compare_4bit_tiles:
+                        set_amx4_tiles(0)
+                        vector.append(timed(slots[:n], rows, args.context))
+                        set_amx4_tiles(None)
                 median = statistics.median(times)
                 base = base or median
-                rows_out.append({"sequences": n, "rows": rows, "total_rows": n * rows, "min_ms": min(times) * 1e3,
-                                 "median_ms": median * 1e3, "f": median / base})
-                print(f"{role}: {n} sequences x {rows} rows = {n * rows:3d}: median {median * 1e3:6.1f} ms, "
-                      f"f = {median / base:.2f}", flush=True)
+                row = {"sequences": n, "rows": rows, "total_rows": n * rows, "min_ms": min(times) * 1e3,
+                       "median_ms": median * 1e3, "f": median / base}
+                line = (f"{role}: {n} sequences x {rows} rows = {n * rows:3d}: median {median * 1e3:6.1f} ms, "
+                        f"f = {median / base:.2f}")
+                if vector:
+                    row["vector_median_ms"] = statistics.median(vector) * 1e3
+                    row["tiles_over_vector"] = median / statistics.median(vector)
+                    line += (f"; 4-bit layers on the vector path {row['vector_median_ms']:6.1f} ms "
+                             f"({row['tiles_over_vector']:.2f}x)")
+                rows_out.append(row)
+                print(line, flush=True)
         results[role] = rows_out
     if args.out:
         write_atomically(Path(args.out), json.dumps({**provenance(), "args": vars(args), "passes": results}, indent=1))

@@ -248,4 +248,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx", &amx, "whether 8-bit passes of several tokens run on AMX tiles");
   m.def("amx_min_tokens", &amx_min_tokens, "the fewest tokens a pass on AMX tiles takes");
   m.def("set_amx", &set_amx, "turn the AMX tile path on or off", py::arg("on"), py::arg("min_tokens") = 0);
+  m.def("amx4_min_tokens", &amx4_min_tokens, "the fewest tokens a 4-bit pass on AMX tiles takes (0: none does)");
+  m.def("set_amx4", &set_amx4, "move or stop the 4-bit layers' AMX tile path", py::arg("min_tokens") = 0);
 }

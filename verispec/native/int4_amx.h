@@ -1,5 +1,5 @@
-// The AMX path of verispec/native/int4_linear.cpp's 8-bit linears (included there, after the layout's constants):
-// passes of several tokens on the tile unit of Intel Xeons since Sapphire Rapids.
+// The AMX paths of verispec/native/int4_linear.cpp's linears (included there, after the layout's constants): 8-bit
+// passes of several tokens, and 4-bit passes of many, on the tile unit of Intel Xeons since Sapphire Rapids.
 //
 // Why: on the vector path every token costs one vpdpbusd per 16 rows x 4 inputs, so past about 5 tokens an 8-bit
 // layer becomes compute-bound: a 9-token pass over the target's 151,936 x 1536 head (8-bit, a fifth of its weights)
@@ -10,10 +10,12 @@
 // 128 x the row's weight sum is taken off: the same integer, then the same float operations, so a token's outputs
 // are bit-identical whichever path ran and whatever else is in its batch (tested).
 //
-// The 4-bit layers stay on the vector path: their float scale and offset per group of 32 inputs must be applied to
-// each group's sums, so every group's tile of sums goes out through memory, and with the nibbles' unpacking into a
-// tile's layout that ran slower than the vector path up to 8 tokens (2.6x at 2), even at 9, and faster only from
-// about 12: past the passes decoding runs (5 tokens for a chain, about 9 for a 3-path tree).
+// The 4-bit layers take the tiles only for whole tiles of 16 tokens in passes of 16 or more (amx_quad4), the rest
+// of such a pass on the vector path: their float scale and offset per group of 32 inputs must be applied to each
+// group's sums, so every group's tile of sums goes out through memory, and with the nibbles' unpacking into a
+// tile's layout a tile costs about 0.3 ms per 27.5 M weights whatever its tokens. Measured on a 2-core Xeon
+// (benchmarks/batched_passes.py --compare-4bit-tiles): the default target's batched pass of 16 rows 0.76x the vector
+// path's time, 32 rows 0.80x, 20 rows (16 + 4) 1.03x; single layers 0.75-0.8x at 16, 32 and 48 tokens.
 //
 // Tiles: tmm0 the tokens' int8 activations of one chunk of 32 inputs (rows = tokens, 32 bytes); tmm1 and tmm2 a
 // block's weights of the chunk, which the packed layout already holds as a tile's 8 rows of 64 bytes (row p: inputs
@@ -59,6 +61,16 @@ std::atomic<int64_t> amx_threshold{kAmxMinTokens};
 bool amx_for(int64_t T) {
   return T >= amx_threshold.load(std::memory_order_relaxed) && amx_wanted.load(std::memory_order_relaxed) &&
          amx_granted();
+}
+
+// The 4-bit layers' tile path: their per-group scale and offset leave the tiles through memory, so it pays only
+// for passes of many tokens (a batched server's, several sequences' blocks in one pass). set_amx4() moves it.
+constexpr int64_t kAmx4MinTokens = 16;
+std::atomic<int64_t> amx4_threshold{kAmx4MinTokens};  // 0: off
+
+bool amx4_for(int64_t T) {
+  const int64_t least = amx4_threshold.load(std::memory_order_relaxed);
+  return least > 0 && T >= least && amx_granted();
 }
 
 #if VERISPEC_AMX
@@ -113,6 +125,60 @@ inline void amx_quad8(const uint8_t* quad, int64_t C, const int8_t* xq, int64_t 
   _tile_stored(6, acc + 2 * tt * kRows, 64);
   _tile_stored(7, acc + 3 * tt * kRows, 64);
 }
+
+// acc[r][t][16] (float) for the four blocks r of one quad of 4-bit weights and tt tokens t: per group, the exact
+// int32 sums q . xq on tiles (the nibbles unpacked into a tile's layout: row p of a block's tile holds inputs
+// 4p..4p+3 of its 16 rows, the low nibbles of the layout's vector p for p < 4, the high ones of vector p - 4), then
+// acc = fma(dot, scale, acc), acc = fma(offset, xsum, acc): the vector path's integers and float operations in its
+// order, so the same bits.
+inline void amx_quad4(const uint8_t* quad, int64_t G, const int8_t* xq, int64_t K, const float* xsum, int tt,
+                      float* acc) {
+  alignas(64) uint8_t w[kQuad][8 * 64];
+  alignas(64) int32_t dots[kQuad][kAmxTokens * kRows];
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int i = 0; i < kQuad * tt; ++i) _mm512_storeu_ps(acc + i * kRows, _mm512_setzero_ps());
+  for (int64_t g = 0; g < G; ++g) {
+    for (int c = 0; c < kQuad * kCell; c += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(at_group(quad, g, 0) + c + kPrefetch), _MM_HINT_T1);
+    for (int r = 0; r < kQuad; ++r) {
+      const uint8_t* cell = at_group(quad, g, r);
+      for (int p = 0; p < 4; ++p) {
+        const __m512i v = _mm512_loadu_si512(cell + 64 * p);
+        _mm512_store_si512(w[r] + 64 * p, _mm512_and_si512(v, low));
+        _mm512_store_si512(w[r] + 64 * (p + 4), _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+      }
+    }
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    _tile_loadd(0, xq + g * kGroup, K);
+    _tile_loadd(1, w[0], 64);
+    _tile_dpbsud(4, 0, 1);
+    _tile_loadd(2, w[1], 64);
+    _tile_dpbsud(5, 0, 2);
+    _tile_loadd(1, w[2], 64);
+    _tile_dpbsud(6, 0, 1);
+    _tile_loadd(2, w[3], 64);
+    _tile_dpbsud(7, 0, 2);
+    _tile_stored(4, dots[0], 64);
+    _tile_stored(5, dots[1], 64);
+    _tile_stored(6, dots[2], 64);
+    _tile_stored(7, dots[3], 64);
+    for (int r = 0; r < kQuad; ++r) {
+      const uint8_t* cell = at_group(quad, g, r);
+      const __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(cell + 256)));
+      const __m512 b = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(cell + 288)));
+      for (int t = 0; t < tt; ++t) {
+        float* out = acc + (r * tt + t) * kRows;
+        __m512 x = _mm512_loadu_ps(out);
+        x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(dots[r] + t * kRows)), a, x);
+        x = _mm512_fmadd_ps(b, _mm512_set1_ps(xsum[t * G + g]), x);
+        _mm512_storeu_ps(out, x);
+      }
+    }
+  }
+}
 #endif
 
 // The tile path's traversal: quads split over the threads, up to kSuper tokens passing each quad while its weights
@@ -149,6 +215,14 @@ void over_amx_tiles(int64_t NQ, int64_t T, const Run& run, const Store& store) {
 // and not turned off.
 bool amx() { return amx_wanted.load() && amx_granted(); }
 int64_t amx_min_tokens() { return amx_threshold.load(); }
+int64_t amx4_min_tokens() { return amx() && amx4_threshold.load() > 0 ? amx4_threshold.load() : 0; }
+
+// Passes of `min_tokens` or more of the 4-bit layers on tiles (0: the default; -1: never); the same bits either way.
+void set_amx4(int64_t min_tokens) {
+  TORCH_CHECK(min_tokens >= -1, "min_tokens must be >= -1 (-1: off, 0: the default, ", kAmx4MinTokens, "), got ",
+              min_tokens);
+  amx4_threshold.store(min_tokens == 0 ? kAmx4MinTokens : std::max<int64_t>(min_tokens, 0));
+}
 
 // Turn the tile path on or off for this module, from passes of `min_tokens` (0: the default); both paths give the
 // same bits, so this only serves to measure them.

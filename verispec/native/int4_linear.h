@@ -48,3 +48,5 @@ int64_t parallel_threads();  // the most threads one parallel region of this bui
 bool amx();
 int64_t amx_min_tokens();
 void set_amx(bool on, int64_t min_tokens);
+int64_t amx4_min_tokens();
+void set_amx4(int64_t min_tokens);

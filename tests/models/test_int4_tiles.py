@@ -1,0 +1,70 @@
+"""The 4-bit layers' AMX tile path (verispec/native/int4_amx.h, `amx_quad4`): the same bits as the vector path for
+every pass size, whichever tokens of a pass take the tiles; run where the CPU has AMX tiles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec.models.decoder_stack import set_amx4_tiles, set_amx_tiles
+from verispec.models.grid4 import grid_4bit
+from verispec.models.int4 import GROUP, Int4Linear, extension
+
+pytestmark = pytest.mark.skipif(not extension().amx(), reason="no AMX tiles on this CPU (or not granted by the OS)")
+
+
+@pytest.fixture
+def tiles():
+    """set_amx4_tiles, turned back to the default after the test."""
+    yield set_amx4_tiles
+    set_amx4_tiles(None)
+    set_amx_tiles(True)
+
+
+def grid_layer(out_features: int, in_features: int, seed: int) -> Int4Linear:
+    gen = torch.Generator().manual_seed(seed)
+    groups = out_features * in_features // GROUP
+    q = torch.randint(0, 16, (groups, GROUP), generator=gen).float()
+    q[:, 0], q[:, 1] = 0, 15
+    scale = torch.rand(groups, 1, generator=gen) * 0.01 + 0.001
+    offset = -scale * 8 + torch.randn(groups, 1, generator=gen) * 0.001
+    levels, scales, offsets, share = grid_4bit((offset + scale * q).reshape(out_features, in_features))
+    assert share == 1.0
+    return Int4Linear(levels, scales, offsets, torch.randn(out_features, generator=gen))
+
+
+def test_the_tile_path_returns_the_vector_paths_bits_at_every_size(tiles):
+    layer = grid_layer(256, 320, seed=21)  # 4 quads of blocks, 10 groups of inputs
+    x = torch.randn(70, 320, generator=torch.Generator().manual_seed(22))
+    x[3] *= 80
+    x[17] = 0.0
+    for rows in range(1, 71):  # no whole tile, one, several, and the rest of a pass on the vector path
+        tiles(1)
+        on_tiles = layer._run(x[:rows])
+        tiles(0)
+        assert torch.equal(on_tiles, layer._run(x[:rows])), rows
+
+
+def test_each_row_is_the_same_alone_and_in_a_pass_on_tiles(tiles):
+    layer = grid_layer(128, 64, seed=23)
+    x = torch.randn(37, 64, generator=torch.Generator().manual_seed(24))
+    tiles(None)
+    batch = layer._run(x)  # two whole tiles on the tile unit, five rows on the vector path
+    for i in range(37):
+        assert torch.equal(layer._run(x[i: i + 1])[0], batch[i]), i
+
+
+def test_the_description_says_which_passes_take_tiles(tiles):
+    layer = grid_layer(64, 64, seed=25)
+    tiles(None)
+    assert "whole 16-token tiles of passes of 16+ tokens on AMX tiles" in layer.describe()
+    tiles(0)
+    assert "AMX" not in layer.describe()
+    set_amx_tiles(False)  # turns every tile path off
+    tiles(None)
+    assert "AMX" not in layer.describe()
+
+
+def test_the_threshold_must_be_a_count_of_tokens():
+    with pytest.raises(ValueError, match="min_tokens must be >= 0"):
+        set_amx4_tiles(-2)
