@@ -1,5 +1,5 @@
 """The 4-bit layers' AMX tile path (verispec/native/int4_amx.h, `amx_quad4`): the same bits as the vector path for
-every pass size, whichever tokens of a pass take the tiles; run where the CPU has AMX tiles."""
+every pass size and split of a pass into tiles; run where the CPU has AMX tiles."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_the_tile_path_returns_the_vector_paths_bits_at_every_size(tiles):
     x = torch.randn(70, 320, generator=torch.Generator().manual_seed(22))
     x[3] *= 80
     x[17] = 0.0
-    for rows in range(1, 71):  # no whole tile, one, several, and the rest of a pass on the vector path
+    for rows in range(1, 71):  # one tile of 1..16 tokens, two of 17..32 per unpacking, past the 64-token cache block
         tiles(1)
         on_tiles = layer._run(x[:rows])
         tiles(0)
@@ -49,7 +49,7 @@ def test_each_row_is_the_same_alone_and_in_a_pass_on_tiles(tiles):
     layer = grid_layer(128, 64, seed=23)
     x = torch.randn(37, 64, generator=torch.Generator().manual_seed(24))
     tiles(None)
-    batch = layer._run(x)  # two whole tiles on the tile unit, five rows on the vector path
+    batch = layer._run(x)  # 32 tokens as two tiles, then one tile of 5
     for i in range(37):
         assert torch.equal(layer._run(x[i: i + 1])[0], batch[i]), i
 
@@ -57,7 +57,7 @@ def test_each_row_is_the_same_alone_and_in_a_pass_on_tiles(tiles):
 def test_the_description_says_which_passes_take_tiles(tiles):
     layer = grid_layer(64, 64, seed=25)
     tiles(None)
-    assert "whole 16-token tiles of passes of 16+ tokens on AMX tiles" in layer.describe()
+    assert f"passes of {extension().amx4_min_tokens()}+ tokens on AMX tiles" in layer.describe()
     tiles(0)
     assert "AMX" not in layer.describe()
     set_amx_tiles(False)  # turns every tile path off

@@ -64,9 +64,9 @@ def set_amx_tiles(on: bool, min_tokens: int | None = None) -> None:
 
 
 def set_amx4_tiles(min_tokens: int | None = None) -> None:
-    """Let the kernel's 4-bit layers run each pass's whole tiles of 16 tokens on AMX tiles from passes of
-    `min_tokens` tokens (None: the default, 16; 0: never), where the CPU has them and `set_amx_tiles` has not turned
-    tiles off; both paths give the same bits, so this only serves to measure them. Applies to both kernel copies."""
+    """Let the kernel's 4-bit layers run passes of `min_tokens` tokens or more on AMX tiles (None: the default, 10;
+    0: never), where the CPU has them and `set_amx_tiles` has not turned tiles off; both paths give the same bits,
+    so this only serves to measure them. Applies to both kernel copies."""
     if min_tokens is not None and min_tokens < 0:
         raise ValueError(f"min_tokens must be >= 0 (0: never; None: the default), got {min_tokens}")
     for kernel in (extension(), stack_kernel()):

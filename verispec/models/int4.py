@@ -183,7 +183,7 @@ class Int4Linear(KernelLinear):
     def describe(self) -> str:
         """Return which kernel and number formats this layer runs."""
         least = self.kernel.amx4_min_tokens()
-        tiles = f"; whole 16-token tiles of passes of {least}+ tokens on AMX tiles" if least else ""
+        tiles = f"; passes of {least}+ tokens on AMX tiles" if least else ""
         formats = "4-bit weights per 32 inputs, per-token dynamic 8-bit activations"
         return f"{formats} ({self._isa()}{tiles}){self._prompts()}"
 

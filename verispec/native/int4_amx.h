@@ -10,12 +10,11 @@
 // 128 x the row's weight sum is taken off: the same integer, then the same float operations, so a token's outputs
 // are bit-identical whichever path ran and whatever else is in its batch (tested).
 //
-// The 4-bit layers take the tiles only for whole tiles of 16 tokens in passes of 16 or more (amx_quad4), the rest
-// of such a pass on the vector path: their float scale and offset per group of 32 inputs must be applied to each
-// group's sums, so every group's tile of sums goes out through memory, and with the nibbles' unpacking into a
-// tile's layout a tile costs about 0.3 ms per 27.5 M weights whatever its tokens. Measured on a 2-core Xeon
-// (benchmarks/batched_passes.py --compare-4bit-tiles): the default target's batched pass of 16 rows 0.76x the vector
-// path's time, 32 rows 0.80x, 20 rows (16 + 4) 1.03x; single layers 0.75-0.8x at 16, 32 and 48 tokens.
+// The 4-bit layers take the tiles only in passes of kAmx4MinTokens or more (amx_quad4: a batched server's passes,
+// trees, catch-ups): their float scale and offset per group of 32 inputs must be applied to each group's sums, so
+// every group's tile of sums goes out through memory, and the nibbles are unpacked into a tile's layout (once per
+// group for up to two tiles of tokens). Layers of the default target alone, against the vector path
+// (random levels, the two alternating): 1.07-1.26x the time at 4-8 tokens, 0.8-0.98x at 10-12, 0.72-0.87x at 16-48.
 //
 // Tiles: tmm0 the tokens' int8 activations of one chunk of 32 inputs (rows = tokens, 32 bytes); tmm1 and tmm2 a
 // block's weights of the chunk, which the packed layout already holds as a tile's 8 rows of 64 bytes (row p: inputs
@@ -65,7 +64,7 @@ bool amx_for(int64_t T) {
 
 // The 4-bit layers' tile path: their per-group scale and offset leave the tiles through memory, so it pays only
 // for passes of many tokens (a batched server's, several sequences' blocks in one pass). set_amx4() moves it.
-constexpr int64_t kAmx4MinTokens = 16;
+constexpr int64_t kAmx4MinTokens = 10;
 std::atomic<int64_t> amx4_threshold{kAmx4MinTokens};  // 0: off
 
 bool amx4_for(int64_t T) {
@@ -126,15 +125,40 @@ inline void amx_quad8(const uint8_t* quad, int64_t C, const int8_t* xq, int64_t 
   _tile_stored(7, acc + 3 * tt * kRows, 64);
 }
 
-// acc[r][t][16] (float) for the four blocks r of one quad of 4-bit weights and tt tokens t: per group, the exact
-// int32 sums q . xq on tiles (the nibbles unpacked into a tile's layout: row p of a block's tile holds inputs
-// 4p..4p+3 of its 16 rows, the low nibbles of the layout's vector p for p < 4, the high ones of vector p - 4), then
-// acc = fma(dot, scale, acc), acc = fma(offset, xsum, acc): the vector path's integers and float operations in its
-// order, so the same bits.
-inline void amx_quad4(const uint8_t* quad, int64_t G, const int8_t* xq, int64_t K, const float* xsum, int tt,
-                      float* acc) {
+// The 4-bit path's tiles for tt0 + tt1 tokens (tt1 may be 0): tmm0 and tmm3 the two tiles of tokens' activations
+// (one group of 32 inputs), tmm1 and tmm2 two blocks' unpacked weights, tmm4 and tmm5 the first tile's sums with
+// them, tmm6 and tmm7 the second's.
+inline void configure_tiles4(int tt0, int tt1) {
+  TileConfig c;
+  const int tiles[2] = {tt0, tt1};
+  for (int i = 0; i < 2; ++i) {
+    if (tiles[i] == 0) continue;  // left unconfigured, and unused
+    c.rows[i == 0 ? 0 : 3] = static_cast<uint8_t>(tiles[i]);
+    c.colsb[i == 0 ? 0 : 3] = kGroup;
+    for (int r = 4 + 2 * i; r < 6 + 2 * i; ++r) {
+      c.rows[r] = static_cast<uint8_t>(tiles[i]);
+      c.colsb[r] = 64;
+    }
+  }
+  for (int b = 1; b <= 2; ++b) {
+    c.rows[b] = 8;
+    c.colsb[b] = 64;
+  }
+  asm volatile("ldtilecfg %0" ::"m"(c));
+}
+
+constexpr int kAmx4Tokens = 2 * kAmxTokens;  // tokens per unpacking of a quad's weights: two tiles
+
+// acc[r][t][16] (float) for the four blocks r of one quad of 4-bit weights and tt = tt0 + tt1 tokens t (tiles as
+// configure_tiles4 set them): per group, the exact int32 sums q . xq on tiles (the nibbles unpacked once for both
+// tiles into a tile's layout: row p of a block's tile holds inputs 4p..4p+3 of its 16 rows, the low nibbles of the
+// layout's vector p for p < 4, the high ones of vector p - 4), then acc = fma(dot, scale, acc), acc = fma(offset,
+// xsum, acc): the vector path's integers and float operations in its order, so the same bits.
+inline void amx_quad4(const uint8_t* quad, int64_t G, const int8_t* xq, int64_t K, const float* xsum, int tt0,
+                      int tt1, float* acc) {
   alignas(64) uint8_t w[kQuad][8 * 64];
-  alignas(64) int32_t dots[kQuad][kAmxTokens * kRows];
+  alignas(64) int32_t dots[kQuad][kAmx4Tokens * kRows];
+  const int tt = tt0 + tt1;
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int i = 0; i < kQuad * tt; ++i) _mm512_storeu_ps(acc + i * kRows, _mm512_setzero_ps());
   for (int64_t g = 0; g < G; ++g) {
@@ -148,23 +172,26 @@ inline void amx_quad4(const uint8_t* quad, int64_t G, const int8_t* xq, int64_t 
         _mm512_store_si512(w[r] + 64 * (p + 4), _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
       }
     }
-    _tile_zero(4);
-    _tile_zero(5);
-    _tile_zero(6);
-    _tile_zero(7);
     _tile_loadd(0, xq + g * kGroup, K);
-    _tile_loadd(1, w[0], 64);
-    _tile_dpbsud(4, 0, 1);
-    _tile_loadd(2, w[1], 64);
-    _tile_dpbsud(5, 0, 2);
-    _tile_loadd(1, w[2], 64);
-    _tile_dpbsud(6, 0, 1);
-    _tile_loadd(2, w[3], 64);
-    _tile_dpbsud(7, 0, 2);
-    _tile_stored(4, dots[0], 64);
-    _tile_stored(5, dots[1], 64);
-    _tile_stored(6, dots[2], 64);
-    _tile_stored(7, dots[3], 64);
+    if (tt1) _tile_loadd(3, xq + kAmxTokens * K + g * kGroup, K);
+    for (int r = 0; r < kQuad; r += 2) {
+      _tile_loadd(1, w[r], 64);
+      _tile_loadd(2, w[r + 1], 64);
+      _tile_zero(4);
+      _tile_zero(5);
+      _tile_dpbsud(4, 0, 1);
+      _tile_dpbsud(5, 0, 2);
+      _tile_stored(4, dots[r], 64);
+      _tile_stored(5, dots[r + 1], 64);
+      if (tt1) {
+        _tile_zero(6);
+        _tile_zero(7);
+        _tile_dpbsud(6, 3, 1);
+        _tile_dpbsud(7, 3, 2);
+        _tile_stored(6, dots[r] + tt0 * kRows, 64);
+        _tile_stored(7, dots[r + 1] + tt0 * kRows, 64);
+      }
+    }
     for (int r = 0; r < kQuad; ++r) {
       const uint8_t* cell = at_group(quad, g, r);
       const __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(cell + 256)));
@@ -181,21 +208,23 @@ inline void amx_quad4(const uint8_t* quad, int64_t G, const int8_t* xq, int64_t 
 }
 #endif
 
-// The tile path's traversal: quads split over the threads, up to kSuper tokens passing each quad while its weights
-// stay in cache, tiles of up to kAmxTokens tokens. run(nq, t0, tt, acc) fills acc[r][t][16] for the quad's four
-// blocks and tokens t0..t0+tt; store(n0, t, a) writes token t's outputs n0..n0+15 from a.
-template <typename Acc, typename Run, typename Store>
-void over_amx_tiles(int64_t NQ, int64_t T, const Run& run, const Store& store) {
+// The tile paths' traversal: quads split over the threads, up to kSuper tokens passing each quad while its weights
+// stay in cache, `tokens` tokens per run (16: one tile; 32: the 4-bit path's two). run(nq, t0, tt, acc) fills
+// acc[r][t][16] for the quad's four blocks and tokens t0..t0+tt, configure(tt) sets the tiles for tt tokens (when
+// they change); store(n0, t, a) writes token t's outputs n0..n0+15 from a.
+template <typename Acc, typename Configure, typename Run, typename Store>
+void over_amx_tiles(int64_t NQ, int64_t T, int tokens, const Configure& configure, const Run& run,
+                    const Store& store) {
 #if VERISPEC_AMX
   at::parallel_for(0, NQ, 1, [&](int64_t q0, int64_t q1) {
-    alignas(64) Acc acc[kQuad * kAmxTokens * kRows];
+    alignas(64) Acc acc[kQuad * kAmx4Tokens * kRows];
     int configured = 0;
     for (int64_t s0 = 0; s0 < T; s0 += kSuper) {
       const int64_t s1 = std::min(T, s0 + kSuper);
       for (int64_t nq = q0; nq < q1; ++nq) {
-        for (int64_t t0 = s0; t0 < s1; t0 += kAmxTokens) {
-          const int tt = static_cast<int>(std::min<int64_t>(kAmxTokens, s1 - t0));
-          if (tt != configured) configure_tiles(configured = tt);
+        for (int64_t t0 = s0; t0 < s1; t0 += tokens) {
+          const int tt = static_cast<int>(std::min<int64_t>(tokens, s1 - t0));
+          if (tt != configured) configure(configured = tt);
           run(nq, t0, tt, acc);
           for (int r = 0; r < kQuad; ++r)
             for (int t = 0; t < tt; ++t) store((nq * kQuad + r) * kRows, t0 + t, acc + (r * tt + t) * kRows);
@@ -205,7 +234,7 @@ void over_amx_tiles(int64_t NQ, int64_t T, const Run& run, const Store& store) {
     _tile_release();
   });
 #else
-  (void)NQ, (void)T, (void)run, (void)store;
+  (void)NQ, (void)T, (void)tokens, (void)configure, (void)run, (void)store;
 #endif
 }
 

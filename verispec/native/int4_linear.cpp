@@ -231,27 +231,25 @@ void linear_rows(const float* x, int64_t T, int64_t K, const uint8_t* pk, int64_
     float* row = out + t * ldo + n0;
     for (int j = 0; j < kRows; ++j) row[j] = std::fma(acc[j], s[t], bs ? bs[n0 + j] : 0.0f);
   };
-  int64_t first = 0;  // tokens before this one ran on tiles
 #if VERISPEC_AMX
-  // Whole tiles of tokens on the tile unit, the rest on the vector path: a tile of 4 tokens costs about what one of
-  // 16 does. Both give the same bits, so which token takes which path changes nothing.
   if (amx_wanted.load(std::memory_order_relaxed) && amx4_for(T)) {
-    first = T / kAmxTokens * kAmxTokens;
     over_amx_tiles<float>(
-        NQ, first,
+        NQ, T, kAmx4Tokens,
+        [](int tt) { configure_tiles4(std::min(tt, kAmxTokens), std::max(tt - kAmxTokens, 0)); },
         [&](int64_t nq, int64_t t0, int tt, float* acc) {
-          amx_quad4(pk + nq * G * kQuadGroup, G, q + t0 * K, K, sums + t0 * G, tt, acc);
+          amx_quad4(pk + nq * G * kQuadGroup, G, q + t0 * K, K, sums + t0 * G, std::min(tt, kAmxTokens),
+                    std::max(tt - kAmxTokens, 0), acc);
         },
         store);
+    return;
   }
 #endif
-  if (first == T) return;
   over_tiles<float>(
-      NQ, T - first,
+      NQ, T,
       [&](int64_t nq, int r0, int64_t t0, int tt, float* acc) {
-        kTiles[tt](pk + nq * G * kQuadGroup + r0 * kCell, G, q + (first + t0) * K, K, sums + (first + t0) * G, acc);
+        kTiles[tt](pk + nq * G * kQuadGroup + r0 * kCell, G, q + t0 * K, K, sums + t0 * G, acc);
       },
-      [&](int64_t n0, int64_t t, const float* acc) { store(n0, first + t, acc); });
+      store);
 }
 
 void linear8_rows(const float* x, int64_t T, int64_t K, const uint8_t* pk, int64_t NQ, const float* ws,
@@ -275,7 +273,7 @@ void linear8_rows(const float* x, int64_t T, int64_t K, const uint8_t* pk, int64
 #if VERISPEC_AMX
   if (amx) {
     over_amx_tiles<int32_t>(
-        NQ, T,
+        NQ, T, kAmxTokens, [](int tt) { configure_tiles(tt); },
         [&](int64_t nq, int64_t t0, int tt, int32_t* acc) {
           amx_quad8(pk + nq * C * kQuadChunk8, C, q + t0 * K, K, tt, acc);
         },
