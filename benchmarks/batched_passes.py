@@ -5,7 +5,8 @@ the draft: the cost tables of the adaptive draft length (`verispec.drafters.adap
 `--compare-4bit-tiles`: each pass also with the 4-bit layers kept off AMX tiles, the two alternating rep by rep, and
 the ratio (tiles / vector path; the same bits either way).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/batched_passes.py --out benchmarks/results/batched-passes.json
+    PYTHONPATH=. .venv/bin/python benchmarks/batched_passes.py --reps 7 --compare-4bit-tiles \
+        --out benchmarks/results/batched-passes.json
 """
 
 from __future__ import annotations
