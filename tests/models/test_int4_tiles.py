@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.models.test_int4 import layer_for, planted_grid
 from verispec.models.decoder_stack import set_amx4_tiles, set_amx_tiles
-from verispec.models.grid4 import grid_4bit
-from verispec.models.int4 import GROUP, Int4Linear, extension
+from verispec.models.int4 import Int4Linear, extension
 
 pytestmark = pytest.mark.skipif(not extension().amx(), reason="no AMX tiles on this CPU (or not granted by the OS)")
 
@@ -22,15 +22,8 @@ def tiles():
 
 
 def grid_layer(out_features: int, in_features: int, seed: int) -> Int4Linear:
-    gen = torch.Generator().manual_seed(seed)
-    groups = out_features * in_features // GROUP
-    q = torch.randint(0, 16, (groups, GROUP), generator=gen).float()
-    q[:, 0], q[:, 1] = 0, 15
-    scale = torch.rand(groups, 1, generator=gen) * 0.01 + 0.001
-    offset = -scale * 8 + torch.randn(groups, 1, generator=gen) * 0.001
-    levels, scales, offsets, share = grid_4bit((offset + scale * q).reshape(out_features, in_features))
-    assert share == 1.0
-    return Int4Linear(levels, scales, offsets, torch.randn(out_features, generator=gen))
+    bias = torch.randn(out_features, generator=torch.Generator().manual_seed(seed))
+    return layer_for(planted_grid(out_features, in_features, seed=seed), bias=bias)
 
 
 def test_the_tile_path_returns_the_vector_paths_bits_at_every_size(tiles):

@@ -69,7 +69,7 @@ std::atomic<int64_t> amx4_threshold{kAmx4MinTokens};  // 0: off
 
 bool amx4_for(int64_t T) {
   const int64_t least = amx4_threshold.load(std::memory_order_relaxed);
-  return least > 0 && T >= least && amx_granted();
+  return least > 0 && T >= least && amx_wanted.load(std::memory_order_relaxed) && amx_granted();
 }
 
 #if VERISPEC_AMX

@@ -232,7 +232,7 @@ void linear_rows(const float* x, int64_t T, int64_t K, const uint8_t* pk, int64_
     for (int j = 0; j < kRows; ++j) row[j] = std::fma(acc[j], s[t], bs ? bs[n0 + j] : 0.0f);
   };
 #if VERISPEC_AMX
-  if (amx_wanted.load(std::memory_order_relaxed) && amx4_for(T)) {
+  if (amx4_for(T)) {
     over_amx_tiles<float>(
         NQ, T, kAmx4Tokens,
         [](int tt) { configure_tiles4(std::min(tt, kAmxTokens), std::max(tt - kAmxTokens, 0)); },
