@@ -13,8 +13,8 @@
 // The 4-bit layers take the tiles only in passes of kAmx4MinTokens or more (amx_quad4: a batched server's passes,
 // trees, catch-ups): their float scale and offset per group of 32 inputs must be applied to each group's sums, so
 // every group's tile of sums goes out through memory, and the nibbles are unpacked into a tile's layout (once per
-// group for up to two tiles of tokens). Layers of the default target alone, against the vector path
-// (random levels, the two alternating): 1.07-1.26x the time at 4-8 tokens, 0.8-0.98x at 10-12, 0.72-0.87x at 16-48.
+// group for up to two tiles of tokens). The default target's layers against the vector path
+// (benchmarks/int4_tiles.py): 0.92-1.56x the time at 4-8 tokens, 0.85-0.98x at 10-12, 0.64-0.89x at 16-48.
 //
 // Tiles: tmm0 the tokens' int8 activations of one chunk of 32 inputs (rows = tokens, 32 bytes); tmm1 and tmm2 a
 // block's weights of the chunk, which the packed layout already holds as a tile's 8 rows of 64 bytes (row p: inputs
