@@ -15,7 +15,7 @@ from verispec.drafting import DraftBlock, PrefixTree
 from verispec.logprobs import TokenLogprob, log_laws, token_logprobs
 from verispec.models.protocol import CausalLM
 from verispec.processors import RoundProcessors, RowOffsets, tree_prefixes
-from verispec.sampling import SamplingConfig, adjust_logits, process_logits
+from verispec.sampling import SamplingConfig, adjust_logits, first_argmax, process_logits
 from verispec.trace import Trace
 from verispec.verify import PathLaws
 
@@ -44,6 +44,15 @@ class ScoredBlock:
             return PathLaws.of(self.p)
         return PathLaws(lambda nodes, out: self._process(node_logits(self.logits, nodes), out, nodes),
                         path_nodes(self.tree), self.logits.shape[-1])
+
+    def greedy_choices(self, path: int = 0) -> list[int]:
+        """Return the token greedy sampling takes at each row of `path` (γ'+1 ids): the first argmax of each row's
+        logits with the processors' offsets, the token its point-mass law `p` would put all its mass on, without
+        making that float64 law."""
+        nodes = list(range(self.logits.shape[0])) if self.tree.is_chain else path_nodes(self.tree)[path].tolist()
+        rows = node_logits(self.logits, nodes)
+        best = first_argmax(rows) if self.offsets is None else self._offsets(nodes).argmax(rows)
+        return best.view(-1).tolist()
 
     def gate_law(self) -> torch.Tensor:
         """Return the lossy gates' law p̃ of every row, `[N+1, V]` float64: the softmax at temperature 1, without

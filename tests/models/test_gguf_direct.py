@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as GGML
 from tests.models.gguf_cases import LAYER_TYPES, write_tiny_gguf
 from tests.models.protocol_cases import fresh_logits, rollback_case, tree_case
 from verispec.errors import ConfigError, ModelFilesError
-from verispec.models import gguf_direct, prompt_linear
+from verispec.models import gguf_direct, gguf_layers, prompt_linear
 from verispec.models.fastpath import apply_linear_backend
 from verispec.models.gguf_blocks import four_bit_levels
 from verispec.models.gguf_file import GGUFFile
@@ -86,6 +86,21 @@ def test_logits_and_kernels_agree_with_the_float_path(tmp_path, tied):
     scale = float_logits.abs().max()
     # both run int8 activations through the same kernel; their weights differ by float16 rounding only
     assert (ours - float_logits).abs().max() < 0.05 * scale and (ours - theirs).abs().max() < 0.05 * scale
+
+
+def test_block_embedding_rows_kept_per_token_are_the_tables(tmp_path, monkeypatch):
+    """A decode step's lookups come from the rows kept per token: the same bits as the table's, whatever the
+    shape, the repeats, a caller writing into the result or the kept rows being dropped when full."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    embedding = load_model(str(path), "target", linear_backend="int4").model.get_input_embeddings()
+    table = float_path(path, "torch").model.get_input_embeddings()
+    monkeypatch.setattr(gguf_layers, "CACHED_ROWS", 5)
+    for ids in ([[7]], [[7, 7, 3]], [[1, 2, 3, 4, 5, 6]], [[3], [9]], [[7]], list(range(64)) * 2):
+        ids = torch.tensor(ids)
+        rows = embedding(ids)
+        assert rows.shape == (*ids.shape, 256) and torch.equal(rows, table(ids))
+        rows.add_(1.0)  # the caller's tensor, not a kept row
+    assert len(embedding._rows) <= 5 and torch.equal(embedding(torch.tensor([[7]])), table(torch.tensor([[7]])))
 
 
 def test_rounded_layers_are_the_float_paths_bit_for_bit(tmp_path):

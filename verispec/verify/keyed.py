@@ -16,7 +16,7 @@ them), so that a race (`verispec.sampling.race`) is one multiply and one argmax.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -33,10 +33,27 @@ def keyed_verify(draft_tokens: torch.Tensor, p: torch.Tensor, inv_noise: Sequenc
     gamma = draft_tokens.shape[0]
     assert p.shape[0] == gamma + 1 and len(inv_noise) == gamma + 1, (
         f"p and inv_noise must have gamma+1={gamma + 1} rows, got {p.shape[0]} and {len(inv_noise)}")
-    drafted = draft_tokens.tolist()
-    for i in range(gamma + 1):
-        choice = race(p[i], inv_noise[i])
-        if i == gamma or choice != drafted[i]:
+    return match_choices(draft_tokens.tolist(), lambda i: race(p[i], inv_noise[i]))
+
+
+def greedy_verify(draft_tokens: Sequence[int], choices: Sequence[int]) -> VerifyResult:
+    """Verify one block at T = 0, where the target's law at each position is a point mass on its argmax
+    `choices[i]` (γ+1 of them, the first maximum of each row's processed logits): token verification then keeps
+    drafted token i iff it is that argmax (min(1, p(x)/q(x)) is 1 or 0, as q is a point mass too) and draws the
+    next token from a point mass, the argmax at the first mismatch or after the last token. So this is token
+    verification's result (and `ar`'s plain draw at γ = 0) without its float64 laws: the same match as keyed draws,
+    on races that are all argmaxes."""
+    assert len(choices) == len(draft_tokens) + 1, (
+        f"choices must have gamma+1={len(draft_tokens) + 1} entries, got {len(choices)}")
+    return match_choices(list(draft_tokens), choices.__getitem__)
+
+
+def match_choices(drafted: list[int], choose: Callable[[int], int]) -> VerifyResult:
+    """Keep drafted token i while it is `choose(i)`, the target's own choice at its position; emit the target's
+    choice at the first mismatch, or after the last drafted token. `choose` is called for the rows read only."""
+    for i in range(len(drafted) + 1):
+        choice = choose(i)
+        if i == len(drafted) or choice != drafted[i]:
             return VerifyResult(accepted=i, token=choice)
     raise AssertionError("unreachable")
 
