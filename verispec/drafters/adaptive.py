@@ -14,9 +14,12 @@ unit of time, E(γ) / T(γ), with
 and the draft is tried again after a few rounds.
 
 Under load (a server decoding n sequences whose passes run together, `verispec.models.batched`) a round's passes
-carry every sequence's rows: T(γ) = c·g(n)·γ + f(n·(γ + 1)), g(n) being the draft's pass over n rows against one,
-taking the other sequences to draft as this one does. Rows cost more once a pass is no longer bound by reading the
-weights, so the more sequences share the passes, the shorter the best γ: at 4 sequences and α = 0.7 a plain step.
+carry every sequence's rows: T(γ) = c·g(n)·γ + f_n(n·(γ + 1)), g(n) being the draft's pass over n rows against one
+and f_n the batched pass's cost (`RoundCosts.batched_target`), taking the other sequences to draft as this one
+does. Rows cost more once a pass is no longer bound by reading the weights, so the more sequences share the
+passes, the shorter the best γ as a rule: at 4 sequences and α = 0.7 a plain step, at 16 nearly always. Not
+always: where a longer round brings a pass to the size the 4-bit layers' AMX tiles take (10 rows), its rows cost
+less, and the measured table says so.
 
 Lookup rounds cost no draft forward, so alone they keep their full length; under load their rows still cost the
 batched target pass, so there each lookup round drafts the γ that maximises E(γ) / f(n·(γ + 1)) at the recent
@@ -30,7 +33,7 @@ same tokens on any machine, since the costs are a fixed table rather than timing
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -41,10 +44,13 @@ class RoundCosts:
     target: tuple[float, ...]  # f(k) for k = 1, 2, ...: the target's pass over k rows; the last entry's slope goes on
     # g(k): the draft's pass over k rows (k sequences) against one row; the default: as one row, whatever k
     draft_rows: tuple[float, ...] = (1.0, 1.0)
+    # f(k) of a batched pass over k rows of several sequences (each attends to a cache of its own); None: `target`
+    batched_target: tuple[float, ...] | None = None
 
-    def target_pass(self, rows: int) -> float:
-        """Return f(`rows`), extended linearly past the table."""
-        return _extended(self.target, rows)
+    def target_pass(self, rows: int, sequences: int = 1) -> float:
+        """Return f(`rows`) of a pass over `sequences` sequences' rows, extended linearly past the table."""
+        batched = sequences > 1 and self.batched_target is not None
+        return _extended(self.batched_target if batched else self.target, rows)
 
     def draft_pass(self, rows: int) -> float:
         """Return c·g(`rows`): a draft pass over `rows` rows, in target forwards."""
@@ -60,13 +66,31 @@ def _extended(table: tuple[float, ...], rows: int) -> float:
     return table[-1] + slope * (rows - len(table))
 
 
-# Measured on the default pair's int4 path (2-core Xeon, 8-bit layers on vector registers): the target's medians
-# f(k) over k = 1..12 (benchmarks/results/tile-passes-by-size.json, k = 11 interpolated) and c for the draft with
-# its weights in 4 bits (BENCHMARKS.md §3). A fixed table, not this host's timings: see the module's docstring.
-# g(k): the 4-bit draft's pass over k rows, measured on the same host (one token each, after 100 cached tokens):
-# 1.0, 0.94, -, 1.12, -, -, -, 1.75 at k = 1, 2, 4, 8, and 3.2 at k = 16 (the slope past the table).
-INT4_COSTS = RoundCosts(draft=0.36, target=(1.0, 1.10, 1.20, 1.30, 1.40, 1.52, 1.93, 1.98, 1.96, 2.02, 2.17, 2.32),
-                        draft_rows=(1.0, 1.0, 1.06, 1.12, 1.28, 1.44, 1.60, 1.75, 1.93))
+def interpolated(points: dict[int, float]) -> tuple[float, ...]:
+    """Return the table over k = 1..max(points), linear between the measured `points` (k -> cost, 1 among them)."""
+    known = sorted(points)
+    table = []
+    for k in range(1, known[-1] + 1):
+        lower = max(point for point in known if point <= k)
+        upper = min(point for point in known if point >= k)
+        share = 0.0 if upper == lower else (k - lower) / (upper - lower)
+        table.append(points[lower] + share * (points[upper] - points[lower]))
+    return tuple(table)
+
+
+# Measured on the default pair's int4 path (2-core Xeon): the target's medians f(k) over k = 1..12 rows of one
+# sequence (benchmarks/results/tile-passes-by-size.json, k = 11 interpolated) and c for the draft with its weights
+# in 4 bits (BENCHMARKS.md §3). Under load, the server's batched passes (benchmarks/results/batched-passes.json,
+# 4-bit layers on AMX tiles from 10 rows on, which is why 10-12 rows cost less than 8): f(k) over k rows in all, the
+# median of the sequence counts measured at k, linear between; g(n): the draft's pass over n sequences of one token
+# each (1.24, 1.62, 2.79 at n = 2, 4, 8). A fixed table, not this host's timings: see the module's docstring.
+INT4_COSTS = RoundCosts(
+    draft=0.36,
+    target=(1.0, 1.10, 1.20, 1.30, 1.40, 1.52, 1.93, 1.98, 1.96, 2.02, 2.17, 2.32),
+    draft_rows=interpolated({1: 1.0, 2: 1.24, 4: 1.62, 8: 2.79}),
+    batched_target=interpolated({1: 1.0, 2: 1.20, 4: 1.36, 6: 1.45, 8: 2.03, 10: 1.73, 12: 1.93, 16: 2.31, 20: 2.70,
+                                 24: 2.98, 32: 3.70, 40: 5.07, 48: 6.07, 64: 7.74}),
+)
 PRIOR_ACCEPTANCE = 0.7  # what α is taken to be before any round, and what it decays toward while γ stays 0
 PRIOR_WEIGHT = 2.0  # the prior counts as this many tokens' worth of evidence
 DECAY = 0.85  # per round: the last ~7 rounds carry most of the estimate
@@ -86,7 +110,7 @@ def best_gamma(alpha: float, max_gamma: int, costs: RoundCosts = INT4_COSTS, seq
     n = max(1, sequences)
 
     def rate(gamma: int) -> float:
-        return expected_tokens(alpha, gamma) / (costs.draft_pass(n) * gamma + costs.target_pass(n * (gamma + 1)))
+        return expected_tokens(alpha, gamma) / (costs.draft_pass(n) * gamma + costs.target_pass(n * (gamma + 1), n))
 
     return max(range(max_gamma + 1), key=lambda gamma: (rate(gamma), -gamma))
 
@@ -101,7 +125,7 @@ class AdaptiveGamma:
         this one alone."""
         self.max_gamma, self.costs, self.decay, self.sequences = max_gamma, costs, decay, sequences
         # a lookup round's costs: no draft forward, the same target passes
-        self.lookup_costs = RoundCosts(draft=0.0, target=costs.target, draft_rows=costs.draft_rows)
+        self.lookup_costs = replace(costs, draft=0.0)
         self.prior_accepted, self.prior_rejected = prior * prior_weight, (1.0 - prior) * prior_weight
         self.accepted = self.rejected = 0.0  # decayed counts of the model-drafted rounds so far
         self.lookup_accepted = self.lookup_rejected = 0.0  # the same for the lookup rounds
