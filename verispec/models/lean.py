@@ -139,8 +139,11 @@ class LeanDecoder:
             mask, positions = tree[0].to(ids.device), tree[1].to(ids.device)
         cos, sin = self.inner.rotary_emb(x, positions.unsqueeze(0))  # [1, T, D] each
         small_ops = per_query and self.small_ops  # rotary and norms of this pass in the per-query module
-        if small_ops:
+        # The rotation in one kernel call at any size: its bits are torch's (RMSNorm's are not: decode passes only)
+        rotate_in_kernel = self.query_kernel is not None and self.small_ops
+        if rotate_in_kernel:
             cos_rows, sin_rows = cos[0].contiguous(), sin[0].contiguous()  # [T, D]
+        if small_ops:
             if self.stack is not None and self.whole_stack and isinstance(cache, InPlaceKVCache):
                 keys, values, start = cache.claim(length, x.new_empty(1, self.kv_heads, 0, self.head_dim))
                 x = self.stack.forward(x[0], keys, values, start, cos_rows, sin_rows, mask)[None]
@@ -153,7 +156,7 @@ class LeanDecoder:
             q = q.view(1, length, self.heads, self.head_dim).transpose(1, 2)
             k = k.view(1, length, self.kv_heads, self.head_dim).transpose(1, 2)
             v = v.view(1, length, self.kv_heads, self.head_dim).transpose(1, 2)
-            if small_ops:  # the same bits in one kernel call instead of twelve elementwise ones
+            if rotate_in_kernel:  # the same bits in one kernel call instead of twelve elementwise ones
                 self.query_kernel.rotate_qk(q, k, cos_rows, sin_rows)
             else:
                 q = q * cos + _rotate_half(q) * sin
@@ -164,11 +167,12 @@ class LeanDecoder:
             else:
                 o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
                                                    enable_gqa=self.heads != self.kv_heads).transpose(1, 2)
-            x = x + attn.o_proj.forward(o.reshape(1, length, self.heads * self.head_dim))
+            # the residual adds in place: the same bits without a new hidden-sized buffer each (x is this pass's own)
+            x = x.add_(attn.o_proj.forward(o.reshape(1, length, self.heads * self.head_dim)))
             h = self._norm(layer.post_attention_layernorm, x, small_ops)
             gate, up = self.gate_up[index](h)
             act = F.silu(gate, inplace=True).mul_(up) if self.silu else layer.mlp.act_fn(gate) * up
-            x = x + layer.mlp.down_proj.forward(act)
+            x = x.add_(layer.mlp.down_proj.forward(act))
         return self._head(x, n_logits, return_hidden, small_ops)
 
     def stacks(self, length: int, cache: Any) -> bool:
