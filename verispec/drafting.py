@@ -13,8 +13,8 @@ from typing import Protocol
 import torch
 
 from verispec.models.protocol import CausalLM
-from verispec.processors import RoundProcessors
-from verispec.sampling import KeyedNoise, SamplingConfig, draw, process_logits
+from verispec.processors import RoundProcessors, RowOffsets
+from verispec.sampling import KeyedNoise, SamplingConfig, draw, first_argmax, process_logits
 from verispec.verify.tree import PrefixTree
 
 __all__ = ["DraftBlock", "PrefixTree", "StopRule", "draft_paths", "merge_paths"]
@@ -25,7 +25,9 @@ class DraftBlock:
     """K draft paths of equal length γ' ≤ γ with their draft conditionals."""
 
     tokens: list[list[int]]  # [K][γ'] draft tokens of each path
-    q: torch.Tensor  # [K, γ', V] float64: q[k, i] = q(·| committed + tokens[k][:i])
+    # [K, γ', V] float64: q[k, i] = q(·| committed + tokens[k][:i]); None where the round's verifier matches tokens
+    # only and no law was made (keyed draws, greedy matching: `draft_paths`' `laws`)
+    q: torch.Tensor | None
     positions: list[list[int]]  # [K][γ'-1] draft-cache position of tokens[k][i] (the last token is never fed)
     forwards: int  # draft forward passes made
     fed: int  # tokens those passes processed
@@ -51,7 +53,7 @@ class DraftBlock:
     @property
     def length(self) -> int:
         """Return γ', the common length of the paths."""
-        return self.q.shape[1]
+        return len(self.tokens[0]) if self.tokens else 0
 
     def as_tensor(self) -> torch.Tensor:
         """Return the draft tokens as a LongTensor `[K, γ']`."""
@@ -91,6 +93,7 @@ def draft_paths(
     keep_hidden: bool = False,
     processors: RoundProcessors | None = None,
     noise: KeyedNoise | None = None,
+    laws: bool = True,
 ) -> DraftBlock:
     """Return `n_paths` i.i.d. draft paths of length ≤ `gamma` continuing `tokens`.
 
@@ -101,13 +104,25 @@ def draft_paths(
     `DraftBlock.hiddens` with a stop rule (it scores them) or with `keep_hidden` (one path: training data).
     `processors`: the round's logit processors; a path's row at depth i counts its first i tokens as generated, as
     the target's row at the same position does. `noise`: draw by keyed races (`verispec.verify.keyed`; one path),
-    the token at depth i on the noise of its position in the sequence, len(tokens) + i.
+    the token at depth i on the noise of its position in the sequence, len(tokens) + i. `laws`: False where the
+    round's verifier matches tokens only (keyed draws, or greedy sampling verified by matching; one path, no stop
+    rule): each token is then chosen from the draft's logits as its law would choose it (`KeyedNoise.choose`, the
+    first argmax), and the block's q is None, saving a float64 law per drafted token.
     """
     assert stop_rule is None or n_paths == 1, "a stop rule drafts a single path"
     assert noise is None or n_paths == 1, "keyed draws draft a single path (paths on one noise would be one path)"
 
-    def pick(law: torch.Tensor, depth: int) -> int:
-        return draw(law, sampling, generator) if noise is None else noise.draw(law, len(tokens) + depth, sampling)
+    laws = laws or stop_rule is not None  # a stop rule scores each token's q
+    assert laws or n_paths == 1, "tokens chosen without their laws are matched on one path"
+
+    def pick(law: torch.Tensor | None, logits: torch.Tensor, offsets: RowOffsets | None, depth: int) -> int:
+        """Return a path's token at `depth` from its row: its `logits` `[1, V]` (one path: with the row's processor
+        `offsets`) or its law."""
+        if noise is not None:
+            return noise.choose(logits[0], len(tokens) + depth, sampling, offsets)
+        if law is None:  # greedy and matched: the first argmax, where its point mass would be
+            return int((first_argmax(logits) if offsets is None else offsets.argmax(logits)).view(-1)[0])
+        return draw(law, sampling, generator)
 
     assert not keep_hidden or n_paths == 1, "hidden states are kept for a single path"
     keep_hidden = keep_hidden or (stop_rule is not None and stop_rule.uses_hidden)
@@ -119,14 +134,15 @@ def draft_paths(
     out = drafter.forward(new, n_logits=1, return_hidden=keep_hidden)
     # Each depth's laws are written into q's own rows as they are drawn from, not stacked at the end: a copy of
     # K·γ rows of the vocabulary (4.8 MB for one path of 4), whose cache lines the draft's forwards have evicted.
-    q = torch.empty(n_paths, gamma, out.logits.shape[-1], dtype=torch.float64, device=out.logits.device)
+    q = torch.empty(n_paths, gamma, out.logits.shape[-1], dtype=torch.float64, device=out.logits.device) \
+        if laws else None
     offsets = processors.rows([[]]) if processors is not None else None
-    q_root = process_logits(out.logits, sampling, q[:1, 0], offsets)  # [1, V]
-    if n_paths > 1:
+    q_root = process_logits(out.logits, sampling, q[:1, 0], offsets) if q is not None else None  # [1, V]
+    if q is not None and n_paths > 1:
         q[1:, 0] = q_root
     forwards, fed = 1, len(new)
     for path in paths:
-        path.append(pick(q_root[0], 0))
+        path.append(pick(None if q_root is None else q_root[0], out.logits, offsets, 0))
     tree = PrefixTree(node_of=[[] for _ in range(n_paths)])  # the round's one tree, grown as the paths are drawn
     fresh = tree.grow([path[-1] for path in paths])  # the nodes the last draws added: what the next forward feeds
     scores: list[float] = []
@@ -156,15 +172,17 @@ def draft_paths(
                                   parents=parents)  # [rows, V]
         forwards, fed = forwards + 1, fed + len(rows)
         offsets = processors.rows([paths[k] for k in rows]) if processors is not None else None  # row j: rows[j]
-        if len(rows) == n_paths:  # row k is path k's: the laws go straight into q
+        q_depth = None
+        if q is not None and len(rows) == n_paths:  # row k is path k's: the laws go straight into q
             q_depth = process_logits(out.logits, sampling, q[:, depth], offsets)  # [K, V]
-        else:
+        elif q is not None:
             q_depth = q[:, depth]
             q_depth.copy_(process_logits(out.logits, sampling, offsets=offsets).index_select(
                 0, torch.tensor(row_of, device=q.device)))
         for k, path in enumerate(paths):
             positions[k].append(start + row_of[k])
-            path.append(pick(q_depth[k], depth))
+            row = out.logits[row_of[k] : row_of[k] + 1]
+            path.append(pick(None if q_depth is None else q_depth[k], row, offsets if n_paths == 1 else None, depth))
         fresh = tree.grow([path[-1] for path in paths])
         hidden = out.hidden[0] if keep_hidden else None
         if hidden is not None:
@@ -173,7 +191,8 @@ def draft_paths(
             scores.append(stop_rule.score(hidden, q_depth[0], paths[0][-1], depth + 1))
     decisions = [stop_rule.accepts(score) for score in scores] if stop_rule is not None else []
     drafted = forwards  # one depth per forward; fewer than γ where drafting stopped early
-    q = q[:, :drafted] if n_paths == 1 or drafted == gamma else q[:, :drafted].contiguous()
+    if q is not None:
+        q = q[:, :drafted] if n_paths == 1 or drafted == gamma else q[:, :drafted].contiguous()
     return DraftBlock(paths, q, positions, forwards, fed, scores, decisions, hiddens, grown_tree=tree)
 
 

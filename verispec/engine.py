@@ -43,7 +43,7 @@ from verispec.scoring import ScoredBlock, path_rows, read_prompt, roll_back, sco
 from verispec.trace import RoundTrace, Trace
 from verispec.verify import PathLaws, candidate_tree_verify
 from verispec.verify.kernels import counting_law_steps
-from verispec.verify.keyed import greedy_verify, keyed_verify
+from verispec.verify.keyed import greedy_verify, match_choices
 
 __all__ = ["MULTIPATH_PATHS", "DecodeConfig", "DecodeOutput", "Engine", "ScoredBlock", "path_rows", "roll_back",
            "score_block", "tree_pass", "verify_block", "verify_paths"]
@@ -145,6 +145,7 @@ class Engine:
         # Keyed draws (verispec.verify.keyed): at T = 0 every draw is already the argmax, so they change nothing.
         noise = KeyedNoise(config.seed, decoder.vocab_size) if config.keyed_draws and not config.sampling.greedy \
             else None
+        matched = matches_tokens(method, config)  # then no drafted row needs its law (unless observed)
         adaptive = config.adaptive_gamma and draft_model is not None
         lengths = AdaptiveGamma(config.gamma, sequences=self.load) if adaptive else None
         trace = Trace(prefill_tokens=len(prompt_ids))
@@ -180,6 +181,7 @@ class Engine:
                 tokens, config.paths, gamma, config.sampling, generator, self.eos_token_ids, decoder.vocab_size,
                 stop_rule, remaining=remaining, model_gamma=model_gamma, processors=round_processors, noise=noise,
                 lookup_gamma=lookup_gamma, sequences=self.load() if self.load is not None else 1,
+                laws=bool(observers) or not matched,
             ))
             t1 = time.perf_counter()
             trace.draft_calls += block.forwards
@@ -252,8 +254,8 @@ def verify_block(method: Method, block: DraftBlock, scored: ScoredBlock, generat
     target law p̃ of the pass (docs/algorithms.md §6.2), and its result carries each position's leak. With keyed
     draws' `noise`, a keyable method's one path is matched against the target's races instead (verispec.verify.keyed),
     the block's first token at sequence `position`; at T = 0, against the target's argmaxes (`greedy_verify`)."""
-    if noise is not None:
-        kept = keyed_verify(block.as_tensor()[0], scored.p[0], noise.rows(position, block.length + 1))
+    if noise is not None:  # each row's race on its log-weights, read up to the first mismatch: no law is made
+        kept = match_choices(block.tokens[0], lambda i: scored.race_choice(i, noise.row(position + i)))
         return MultiPathResult(path=0, accepted=kept.accepted, token=kept.token)
     if method.keyable and scored.sampling.greedy and len(block.tokens) == 1:
         # Token verification of point masses is a match on the argmaxes: the same result without the float64 laws
@@ -265,6 +267,12 @@ def verify_block(method: Method, block: DraftBlock, scored: ScoredBlock, generat
     p_gate = scored.per_path(scored.gate_law()) if method.relaxed else None
     return verify_paths(method, block.as_tensor(), block.q, scored.laws if method.reads_rows else scored.p,
                         generator, p_gate, scored.tree)
+
+
+def matches_tokens(method: Method, config: DecodeConfig) -> bool:
+    """Return whether `verify_block` verifies every round of `config` by matching tokens (keyed draws; greedy
+    sampling of a keyable method's one path): its drafts then need no law (`DraftRequest.laws`)."""
+    return config.paths == 1 and (config.keyed_draws or (method.keyable and config.sampling.greedy))
 
 
 def verify_paths(method: Method, draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor | PathLaws,

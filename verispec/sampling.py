@@ -48,8 +48,9 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
-def softmax_rows(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Return softmax over the last dimension of `logits` (not modified), in their dtype (in `out` when given).
+def softmax_rows(logits: torch.Tensor, out: torch.Tensor | None = None, overwrite: bool = False) -> torch.Tensor:
+    """Return softmax over the last dimension of `logits`, in their dtype (in `out` when given; with `overwrite`,
+    `logits` may be overwritten and returned instead, else they are not modified).
 
     torch.softmax splits its work by rows, so one row (what GBV processes at a time, and a drafter per drafted token)
     runs on one thread: a 151,936-token float64 row took 0.27 ms, against 0.17 ms for elementwise passes that run on
@@ -57,7 +58,8 @@ def softmax_rows(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch
     """
     if logits.shape[:-1].numel() != 1:
         return torch.softmax(logits, dim=-1) if out is None else out.copy_(torch.softmax(logits, dim=-1))
-    probs = torch.sub(logits, logits.amax(dim=-1, keepdim=True), out=out)
+    peak = logits.amax(dim=-1, keepdim=True)
+    probs = logits.sub_(peak) if overwrite else torch.sub(logits, peak, out=out)
     probs.exp_()
     return probs.div_(probs.sum(dim=-1, keepdim=True))
 
@@ -89,19 +91,25 @@ def _process_logits(logits: torch.Tensor, config: SamplingConfig, out: torch.Ten
         probs = torch.zeros(logits.shape, dtype=torch.float64, device=logits.device)
         probs.scatter_(-1, first_argmax(logits) if offsets is None else offsets.argmax(logits), 1.0)
         return probs
-    logits = adjust_logits(logits, offsets).to(torch.float64)
-    scaled = logits if config.temperature == 1.0 else logits / config.temperature  # nothing is mutated below
+    adjusted = adjust_logits(logits, offsets)
+    # One float64 copy of the rows, which every step below overwrites: `out` itself where it will hold the law (a
+    # drafted row's q), so that a row makes no other tensor of the vocabulary's size (each one a fresh allocation
+    # whose pages the round then touches first: about 0.5 ms of a drafted row's 1.2 ms, measured in decodes).
+    direct = out is not None and config.top_p == 1.0
+    scaled = out.copy_(adjusted) if direct else adjusted.to(torch.float64, copy=True)
+    if config.temperature != 1.0:
+        scaled.div_(config.temperature)
     # Dividing by T < 1 can overflow a finite logit (T ≈ 1e-320), and inf - inf would make softmax NaN; division
     # keeps infinities and NaNs as they are, so an overflow shows as fewer finite entries (counted: cheaper than
     # selecting the finite ones). Shifting the row max to 0 first gives the T -> 0 limit of the tempered law
     # exactly: all mass on the maxima.
-    if config.temperature < 1.0 and int(torch.isfinite(scaled).sum()) != int(torch.isfinite(logits).sum()):
-        scaled = (logits - logits.max(dim=-1, keepdim=True).values) / config.temperature
-    logits = scaled
-    if config.top_k and config.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, -math.inf)
-    probs = softmax_rows(logits, out if config.top_p == 1.0 else None)
+    if config.temperature < 1.0 and int(torch.isfinite(scaled).sum()) != int(torch.isfinite(adjusted).sum()):
+        widened = adjusted.to(torch.float64)
+        scaled.copy_((widened - widened.max(dim=-1, keepdim=True).values) / config.temperature)
+    if config.top_k and config.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, config.top_k, dim=-1).values[..., -1:]
+        scaled.masked_fill_(scaled < kth, -math.inf)
+    probs = softmax_rows(scaled, overwrite=True)
     if config.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
@@ -151,48 +159,69 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int
     return index
 
 
-def race(probs: torch.Tensor, inv_noise: torch.Tensor) -> int:
-    """Return argmax_v probs[v] / E[v] for a law `probs` `[V]` and `inv_noise` = 1 / E `[V]` (finite, > 0): a
-    token of zero probability is never chosen, and the choice is distributed as `probs` when E is i.i.d. Exp(1)."""
-    scores = probs.detach().to("cpu", torch.float64) * inv_noise
-    return int(np.argmax(scores.numpy()))  # numpy's argmax: 0.01 ms a 151,936-token row against torch's 0.2
+def race_scores(logits: torch.Tensor, config: SamplingConfig, offsets: RowOffsets | None = None) -> torch.Tensor:
+    """Return the log-weights `[..., V]` float64 a keyed race reads for `logits` (the processors' `offsets` added
+    first): the log of `process_logits`'s law up to a constant per row, -inf where the law is 0.
+
+    Why not the law: a race only compares tokens, so with temperature alone (the usual T > 0 case) the weights are
+    the logits shifted to a row maximum of 0 and divided by T (the T -> 0 limit kept, as there), three passes over
+    the row where a float64 softmax takes six and a law's race two more. Top-k and top-p cut the law itself: its
+    log is taken."""
+    if config.top_k or config.top_p < 1.0:
+        return process_logits(logits, config, offsets=offsets).log()
+    widened = adjust_logits(logits, offsets).to(torch.float64)
+    scores = widened - widened.amax(dim=-1, keepdim=True)
+    return scores if config.temperature == 1.0 else scores.div_(config.temperature)
+
+
+def race(scores: torch.Tensor, gumbel: torch.Tensor) -> int:
+    """Return argmax_v scores[v] + G[v] for log-weights `scores` `[V]` (`race_scores`, or a law's log) and `gumbel`
+    = G `[V]` (finite): a token of weight 0 (-inf) is never chosen, and the choice is distributed as the normalised
+    weights when G is i.i.d. standard Gumbel (the exponential race argmax_v w[v] / E[v], E = exp(-G), in logs)."""
+    total = np.add(scores.detach().to("cpu", torch.float64).numpy(), gumbel.numpy())
+    return int(np.argmax(total))  # numpy's argmax: 0.01 ms a 151,936-token row against torch's 0.2
 
 
 class KeyedNoise:
-    """The noise of keyed draws (`verispec.verify.keyed`): at each position t of a decode, 1 / E_t(v) for every
-    token v, E_t i.i.d. Exp(1) and a fixed function of (seed, t), so that a seed gives the same tokens whatever the
-    method, the drafter, the draft length or the batch.
+    """The noise of keyed draws (`verispec.verify.keyed`): at each position t of a decode, G_t(v) = -log E_t(v) for
+    every token v, E_t i.i.d. Exp(1) and a fixed function of (seed, t), so that a seed gives the same tokens whatever
+    the method, the drafter, the draft length or the batch.
 
     Each row comes from numpy's PCG64 seeded with the pair (seed, t), its full 64 bits each (torch's CPU generator
-    keeps only 32 bits of a seed, so positions could share noise), as uniforms u and E = −log(1 − u). A row costs
-    about 1.2 ms for 151,936 tokens; the rows a round drafts on are the rows it verifies on, so they are kept until
-    `forget` drops the positions the decode has passed."""
+    keeps only 32 bits of a seed, so positions could share noise), as uniforms u, E = -log(1 - u) and G = -log E (a
+    standard Gumbel: races add it to log-weights, `race`). A row costs about 1 ms for 151,936 tokens; the rows a
+    round drafts on are the rows it verifies on, so they are kept until `forget` drops the positions the decode has
+    passed."""
 
     def __init__(self, seed: int, vocab_size: int) -> None:
         self.seed, self.vocab_size = int(seed), int(vocab_size)
         self._rows: dict[int, torch.Tensor] = {}
 
     def row(self, position: int) -> torch.Tensor:
-        """Return 1 / E_position `[V]` float64 (finite: E is kept above 1e-300)."""
+        """Return G_position `[V]` float64 (finite: E is kept above 1e-300)."""
         row = self._rows.get(position)
         if row is None:
             uniform = np.random.Generator(np.random.PCG64([self.seed, position])).random(self.vocab_size)
-            noise = np.log1p(-uniform)
+            noise = np.log1p(-uniform, out=uniform)
             np.negative(noise, out=noise)
             np.maximum(noise, 1e-300, out=noise)
-            row = self._rows[position] = torch.from_numpy(np.reciprocal(noise, out=noise))
+            np.log(noise, out=noise)
+            row = self._rows[position] = torch.from_numpy(np.negative(noise, out=noise))
         return row
 
     def rows(self, start: int, count: int) -> list[torch.Tensor]:
         """Return the rows of positions start..start+count-1 (the cached tensors, not a stacked copy)."""
         return [self.row(start + i) for i in range(count)]
 
-    def draw(self, probs: torch.Tensor, position: int, config: SamplingConfig) -> int:
-        """Return the token drawn from `probs` `[V]` (a law `process_logits(..., config)` returned) at `position`:
-        under greedy sampling its point mass's token, with no noise; otherwise the race on this position's row."""
+    def choose(self, logits: torch.Tensor, position: int, config: SamplingConfig,
+               offsets: RowOffsets | None = None) -> int:
+        """Return the token a keyed draw takes from `logits` `[V]` (with the processors' `offsets` of that row) at
+        `position`: under greedy sampling the first argmax, with no noise; otherwise the race on this position's
+        row over the log-weights of the law `process_logits` would give."""
         if config.greedy:
-            return int(first_argmax(probs)[0])
-        return race(probs, self.row(position))
+            return int((first_argmax(logits) if offsets is None else offsets.argmax(logits.unsqueeze(0)))
+                       .view(-1)[0])
+        return race(race_scores(logits, config, offsets).view(-1), self.row(position))
 
     def forget(self, before: int) -> None:
         """Drop the rows of positions before `before` (a decode's committed tokens never need noise again)."""

@@ -15,7 +15,7 @@ from verispec.drafting import DraftBlock, PrefixTree
 from verispec.logprobs import TokenLogprob, log_laws, token_logprobs
 from verispec.models.protocol import CausalLM
 from verispec.processors import RoundProcessors, RowOffsets, tree_prefixes
-from verispec.sampling import SamplingConfig, adjust_logits, first_argmax, process_logits
+from verispec.sampling import SamplingConfig, adjust_logits, first_argmax, process_logits, race, race_scores
 from verispec.trace import Trace
 from verispec.verify import PathLaws
 
@@ -53,6 +53,12 @@ class ScoredBlock:
         rows = node_logits(self.logits, nodes)
         best = first_argmax(rows) if self.offsets is None else self._offsets(nodes).argmax(rows)
         return best.view(-1).tolist()
+
+    def race_choice(self, row: int, gumbel: torch.Tensor) -> int:
+        """Return the token a keyed draw takes at row `row` of path 0 (a chain: keyed draws draft one path) on the
+        noise `gumbel` of its position: the race over that row's log-weights (`race_scores`), no law made."""
+        offsets = None if self.offsets is None else self.offsets.select([row])
+        return race(race_scores(self.logits[row : row + 1], self.sampling, offsets).view(-1), gumbel)
 
     def gate_law(self) -> torch.Tensor:
         """Return the lossy gates' law p̃ of every row, `[N+1, V]` float64: the softmax at temperature 1, without

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from tests.stats import FALSE_ALARM, chi_square_pvalue
-from verispec.sampling import KeyedNoise, SamplingConfig, race
+from verispec.sampling import KeyedNoise, SamplingConfig, process_logits, race
 from verispec.verify.keyed import keyed_verify, match_probability
 
 LAW = torch.tensor([0.05, 0.4, 0.0, 0.25, 0.2, 0.1], dtype=torch.float64)  # a zero entry: never chosen
 
 
 def race_counts(law: torch.Tensor, runs: int, noise_of) -> Counter:
-    return Counter(race(law, noise_of(seed)) for seed in range(runs))
+    return Counter(race(law.log(), noise_of(seed)) for seed in range(runs))
 
 
 def test_the_race_on_keyed_noise_draws_its_law():
@@ -25,9 +25,9 @@ def test_the_race_on_keyed_noise_draws_its_law():
 
 
 def test_the_race_test_catches_uniform_noise():
-    # The check must be able to fail: racing on 1 / U (U uniform) instead of 1 / E is biased toward likely tokens.
+    # The check must be able to fail: racing on -log U = E (U uniform) instead of G = -log E is biased.
     def uniform_noise(seed: int) -> torch.Tensor:
-        return 1.0 / torch.rand(LAW.numel(), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        return -torch.rand(LAW.numel(), generator=torch.Generator().manual_seed(seed), dtype=torch.float64).log()
 
     counts = race_counts(LAW, 20_000, uniform_noise)
     assert chi_square_pvalue(counts, dict(enumerate(LAW.tolist()))) < FALSE_ALARM
@@ -40,13 +40,27 @@ def test_noise_is_a_function_of_seed_and_position_alone():
     assert torch.equal(a.rows(9, 3)[1], a.row(10))
     a.forget(before=11)
     assert sorted(a._rows) == [11]
-    assert bool((a.row(12) > 0).all()) and bool(torch.isfinite(a.row(12)).all())
+    assert bool(torch.isfinite(a.row(12)).all())
 
 
 def test_greedy_keyed_draw_is_the_argmax():
-    probs = torch.zeros(5, dtype=torch.float64)
-    probs[3] = 1.0
-    assert KeyedNoise(0, 5).draw(probs, 0, SamplingConfig()) == 3
+    logits = torch.tensor([0.5, 2.0, -1.0, 2.0, 1.0])  # ties: the lowest id
+    assert KeyedNoise(0, 5).choose(logits, 0, SamplingConfig()) == 1
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0.7), SamplingConfig(temperature=1.0),
+                                      SamplingConfig(temperature=1.3, top_k=4),
+                                      SamplingConfig(temperature=1.0, top_p=0.6)])
+def test_a_keyed_draw_from_logits_is_the_race_on_their_law(sampling):
+    # The draw reads log-weights (shifted logits over T where the law is temperature alone) and must choose what
+    # the race on the law's own log chooses: the same token at every position, the law's zeros never.
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(40, generator=gen) * 3
+    law = process_logits(logits.unsqueeze(0), sampling)[0]
+    noise = KeyedNoise(21, 40)
+    for position in range(300):
+        token = noise.choose(logits, position, sampling)
+        assert token == race(law.log(), noise.row(position)) and law[token] > 0
 
 
 def brute_match(p: torch.Tensor, q: torch.Tensor) -> float:
@@ -95,7 +109,7 @@ def test_match_probability_agrees_with_races_on_keyed_noise():
     matches = 0
     for seed in range(runs):
         row = KeyedNoise(seed, 6).row(0)
-        matches += race(p, row) == race(q, row)
+        matches += race(p.log(), row) == race(q.log(), row)
     exact = float(match_probability(p, q))
     # a binomial count within 5.3 standard deviations: false alarm below 1e-6
     assert abs(matches - runs * exact) <= 5.3 * (runs * exact * (1 - exact)) ** 0.5
@@ -104,6 +118,7 @@ def test_match_probability_agrees_with_races_on_keyed_noise():
 def test_keyed_verify_keeps_the_matching_prefix_then_the_targets_choice():
     noise = KeyedNoise(11, LAW.numel())
     p = torch.stack([LAW, LAW.flip(0), LAW])  # γ = 2
+    p = p.log()
     choices = [race(p[i], noise.row(20 + i)) for i in range(3)]
     rows = noise.rows(20, 3)
     kept = keyed_verify(torch.tensor(choices[:2]), p, rows)

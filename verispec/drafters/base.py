@@ -45,6 +45,9 @@ class DraftRequest:
     # how many sequences share the round's passes (a batched server's load, where the request's rounds may follow
     # it: `Engine.load`); 1: decoded alone. The hybrid's catch-up rule weighs a catch-up by it
     sequences: int = 1
+    # whether the block must carry its laws q; False where the round's verifier matches tokens only (keyed draws,
+    # greedy matching: `verispec.engine.matches_tokens`), so no float64 law is made of any drafted row
+    laws: bool = True
 
     @property
     def model_length(self) -> int:
@@ -76,9 +79,12 @@ def empty_block(n_paths: int, vocab_size: int, deterministic: bool = False) -> D
                       deterministic=deterministic)
 
 
-def point_mass_block(paths: list[list[int]], vocab_size: int, drafter: str) -> DraftBlock:
-    """Return a block of fixed candidate `paths` (equal lengths) whose q is a point mass on each drafted token."""
-    tokens = torch.tensor(paths, dtype=torch.long).view(len(paths), -1)  # [K, γ']
-    q = torch.zeros(*tokens.shape, vocab_size, dtype=torch.float64)  # [K, γ', V]
-    q.scatter_(2, tokens.unsqueeze(-1), 1.0)
+def point_mass_block(paths: list[list[int]], vocab_size: int, drafter: str, laws: bool = True) -> DraftBlock:
+    """Return a block of fixed candidate `paths` (equal lengths) whose q is a point mass on each drafted token
+    (`laws` False: no q, for a verifier that matches tokens only)."""
+    q = None
+    if laws:
+        tokens = torch.tensor(paths, dtype=torch.long).view(len(paths), -1)  # [K, γ']
+        q = torch.zeros(*tokens.shape, vocab_size, dtype=torch.float64)  # [K, γ', V]
+        q.scatter_(2, tokens.unsqueeze(-1), 1.0)
     return DraftBlock([list(p) for p in paths], q, [[] for _ in paths], 0, 0, drafter=drafter, deterministic=True)

@@ -23,5 +23,5 @@ class ModelDrafter:
         return draft_paths(
             self.model, request.tokens, request.n_paths, gamma, request.sampling, request.generator,
             request.eos_token_ids, request.vocab_size, request.stop_rule, request.keep_hidden, request.processors,
-            request.noise,
+            request.noise, request.laws,
         )

@@ -95,4 +95,4 @@ class NgramDrafter:
         paths = self.index.candidates(request.n_paths, gamma, request.eos_token_ids)
         if not paths:
             return empty_block(1, request.vocab_size, deterministic=True)
-        return point_mass_block(paths, request.vocab_size, self.name)
+        return point_mass_block(paths, request.vocab_size, self.name, request.laws)

@@ -10,8 +10,9 @@ draft length and any batch, write the same tokens for a seed; what speculation c
 passes they take. The price: a drafted token is kept with probability `match_probability(p, q)`, between
 (1 − TV)/(1 + TV) and 1 − TV (token verification's), and exactly p(x) for a fixed proposal x (lookup), as there.
 
-Pure functions of tensors: the noise comes in as `inv_noise` rows 1 / E_t (`verispec.sampling.KeyedNoise` makes
-them), so that a race (`verispec.sampling.race`) is one multiply and one argmax.
+Pure functions of tensors: the noise comes in as rows G_t = -log E_t (standard Gumbel; `verispec.sampling.KeyedNoise`
+makes them) and the laws as log-weights (`verispec.sampling.race_scores`), so that a race (`verispec.sampling.race`)
+is one add and one argmax, argmax_v log r(v) + G_t(v), the same choice as argmax_v r(v) / E_t(v).
 """
 
 from __future__ import annotations
@@ -24,16 +25,17 @@ from verispec.sampling import race
 from verispec.verify.common import VerifyResult
 
 
-def keyed_verify(draft_tokens: torch.Tensor, p: torch.Tensor, inv_noise: Sequence[torch.Tensor]) -> VerifyResult:
+def keyed_verify(draft_tokens: torch.Tensor, scores: torch.Tensor, gumbel: Sequence[torch.Tensor]) -> VerifyResult:
     """Verify one block by matching: keep drafted token i while it is the target's race choice at its position;
     emit the target's choice at the first mismatch (correction) or after the last token (bonus).
 
-    draft_tokens: [γ] long; p: [γ+1, V] target laws (processed); inv_noise: γ+1 rows [V], row i the noise of the
-    position p[i] is the law of. With γ = 0 this is one keyed draw from p[0] (the autoregressive step)."""
+    draft_tokens: [γ] long; scores: [γ+1, V] log-weights of the target laws (processed; a law's log, or
+    `race_scores`); gumbel: γ+1 rows [V], row i the noise of the position scores[i] is the law of. With γ = 0 this
+    is one keyed draw from row 0 (the autoregressive step)."""
     gamma = draft_tokens.shape[0]
-    assert p.shape[0] == gamma + 1 and len(inv_noise) == gamma + 1, (
-        f"p and inv_noise must have gamma+1={gamma + 1} rows, got {p.shape[0]} and {len(inv_noise)}")
-    return match_choices(draft_tokens.tolist(), lambda i: race(p[i], inv_noise[i]))
+    assert scores.shape[0] == gamma + 1 and len(gumbel) == gamma + 1, (
+        f"scores and gumbel must have gamma+1={gamma + 1} rows, got {scores.shape[0]} and {len(gumbel)}")
+    return match_choices(draft_tokens.tolist(), lambda i: race(scores[i], gumbel[i]))
 
 
 def greedy_verify(draft_tokens: Sequence[int], choices: Sequence[int]) -> VerifyResult:
@@ -59,8 +61,8 @@ def match_choices(drafted: list[int], choose: Callable[[int], int]) -> VerifyRes
 
 
 def match_probability(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Return P(race(p, 1/E) == race(q, 1/E)) over E i.i.d. Exp(1), exactly, for laws p, q `[..., V]` (rows): the
-    probability that keyed verification keeps a token the draft drew from q where the target's law is p.
+    """Return P(race(log p, G) == race(log q, G)) over G i.i.d. standard Gumbel, exactly, for laws p, q `[..., V]`
+    (rows): the probability that keyed verification keeps a token the draft drew from q where the target's law is p.
 
     Both choose v iff E(u) > E(v)·max(p(u)/p(v), q(u)/q(v)) for every u ≠ v; integrating over E(v) gives
     P(both choose v) = 1 / Σ_u max(p(u)/p(v), q(u)/q(v)) = p(v) / (r(v)·Q(r ≤ r(v)) + P(r > r(v))), with
