@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
 from verispec.drafting import draft_paths
 from verispec.models.tabular import TabularLM
-from verispec.sampling import SamplingConfig, process_logits
+from verispec.processors import LogitProcessors
+from verispec.sampling import KeyedNoise, SamplingConfig, process_logits, race
 from verispec.verify.tree import PrefixTree, build_prefix_tree
 
 CONTEXT = [0, 3]
@@ -73,3 +76,27 @@ def test_the_block_carries_the_prefix_tree_its_feeding_followed():
         for k in range(3):
             assert block.positions[k] == [len(CONTEXT) + node for node in block.tree.node_of[k][:-1]]
         assert block.tree.by_prefix() == build_prefix_tree(block.as_tensor())
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0),
+                                      SamplingConfig(temperature=0.8, top_k=3)], ids=["greedy", "T=1", "top-k"])
+def test_a_block_drafted_without_laws_has_the_tokens_its_laws_give(sampling):
+    # Rounds verified by matching (keyed draws, greedy) draft without q, choosing from the logits: each token must
+    # be what its law would give, the first argmax at T = 0 and at T > 0 the keyed race on the law's log, with logit
+    # processors too (the draft's row at depth i counts its first i tokens).
+    draft = TabularLM(6, seed=2, sharpness=2.0)
+    processors = LogitProcessors({3: 3.2, 4: -1.0}, 0.5, 0.5).at(Counter([1, 4]))
+    for seed in range(30):
+        noise = None if sampling.greedy else KeyedNoise(seed, 6)
+        blocks = []
+        for laws in (True, False):
+            draft.reset()
+            blocks.append(draft_paths(draft, CONTEXT, 1, 4, sampling, torch.Generator().manual_seed(seed),
+                                      frozenset({EOS}), 6, processors=processors, noise=noise, laws=laws))
+        with_laws, without = blocks
+        assert without.q is None and with_laws.q is not None
+        assert without.tokens == with_laws.tokens and without.length == with_laws.length == without.forwards
+        for i, token in enumerate(without.tokens[0]):
+            law = with_laws.q[0, i]
+            expected = int(law.argmax()) if noise is None else race(law.log(), noise.row(len(CONTEXT) + i))
+            assert token == expected, (seed, i)
