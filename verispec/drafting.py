@@ -14,7 +14,7 @@ import torch
 
 from verispec.models.protocol import CausalLM
 from verispec.processors import RoundProcessors, RowOffsets
-from verispec.sampling import KeyedNoise, SamplingConfig, draw, first_argmax, process_logits
+from verispec.sampling import KeyedNoise, SamplingConfig, draw, greedy_tokens, process_logits
 from verispec.verify.tree import PrefixTree
 
 __all__ = ["DraftBlock", "PrefixTree", "StopRule", "draft_paths", "merge_paths"]
@@ -120,8 +120,8 @@ def draft_paths(
         `offsets`) or its law."""
         if noise is not None:
             return noise.choose(logits[0], len(tokens) + depth, sampling, offsets)
-        if law is None:  # greedy and matched: the first argmax, where its point mass would be
-            return int((first_argmax(logits) if offsets is None else offsets.argmax(logits)).view(-1)[0])
+        if law is None:  # greedy and matched: the token its point mass would be on
+            return int(greedy_tokens(logits, offsets)[0, 0])
         return draw(law, sampling, generator)
 
     assert not keep_hidden or n_paths == 1, "hidden states are kept for a single path"

@@ -15,7 +15,7 @@ from verispec.drafting import DraftBlock, PrefixTree
 from verispec.logprobs import TokenLogprob, log_laws, token_logprobs
 from verispec.models.protocol import CausalLM
 from verispec.processors import RoundProcessors, RowOffsets, tree_prefixes
-from verispec.sampling import SamplingConfig, adjust_logits, first_argmax, process_logits, race, race_scores
+from verispec.sampling import SamplingConfig, adjust_logits, greedy_tokens, process_logits, race, race_scores
 from verispec.trace import Trace
 from verispec.verify import PathLaws
 
@@ -51,14 +51,12 @@ class ScoredBlock:
         making that float64 law."""
         nodes = list(range(self.logits.shape[0])) if self.tree.is_chain else path_nodes(self.tree)[path].tolist()
         rows = node_logits(self.logits, nodes)
-        best = first_argmax(rows) if self.offsets is None else self._offsets(nodes).argmax(rows)
-        return best.view(-1).tolist()
+        return greedy_tokens(rows, self._offsets(nodes)).view(-1).tolist()
 
     def race_choice(self, row: int, gumbel: torch.Tensor) -> int:
         """Return the token a keyed draw takes at row `row` of path 0 (a chain: keyed draws draft one path) on the
         noise `gumbel` of its position: the race over that row's log-weights (`race_scores`), no law made."""
-        offsets = None if self.offsets is None else self.offsets.select([row])
-        return race(race_scores(self.logits[row : row + 1], self.sampling, offsets).view(-1), gumbel)
+        return race(race_scores(self.logits[row : row + 1], self.sampling, self._offsets([row])).view(-1), gumbel)
 
     def gate_law(self) -> torch.Tensor:
         """Return the lossy gates' law p̃ of every row, `[N+1, V]` float64: the softmax at temperature 1, without
