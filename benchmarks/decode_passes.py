@@ -7,6 +7,11 @@ f(k) = t(k) / t(1) and the draft's cost c = draft t(1) / target t(1) under each 
 median).
 
     .venv/bin/python benchmarks/decode_passes.py --reps 60 --out benchmarks/results/decode-passes.json
+
+The default loop's f(k) over many sizes (the adaptive draft length's table, verispec/drafters/adaptive.py):
+
+    .venv/bin/python benchmarks/decode_passes.py --settings stack --reps 15 --tokens 1 2 3 4 5 6 7 8 9 10 11 12 13 \
+        14 15 16 17 21 25 33 --out benchmarks/results/decode-passes-by-size.json
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ def set_loop(model, setting: str) -> None:
 
 
 def main() -> None:
-    args = settings_args(__doc__.split("\n\n")[0], reps=60, tokens=[1, 5])
+    args = settings_args(__doc__.split("\n\n")[0], reps=60, tokens=[1, 5],
+                         settings=list(SETTINGS))
     torch.set_num_threads(args.threads)
     models = {"target": load_model(None, "target", linear_backend="int4"),
               "draft": load_model(None, "draft", linear_backend="int4-rounded")}
@@ -46,11 +52,11 @@ def main() -> None:
         if model._lean is None or model._lean.stack is None:
             sys.exit(f"the {name}'s decoder loop has no C++ stack here ({model.decoder_loop}); nothing to compare")
     fresh = cached_context(models, args.context, max(args.tokens))
-    times = time_settings(models, list(SETTINGS), set_loop, args, fresh)
+    times = time_settings(models, args.settings, set_loop, args, fresh)
     for model in models.values():
         set_loop(model, "stack")
-    summary = summarize_settings(times, "loop", args.tokens)
-    for setting in SETTINGS:
+    summary = summarize_settings(times, args.settings[0], args.tokens)
+    for setting in args.settings:
         for how in HOWS:
             c = stat(times["draft"][setting][1], how) / stat(times["target"][setting][1], how)
             summary[f"{setting}/c/{how}"] = c

@@ -70,10 +70,15 @@ def write_forward_times(args: argparse.Namespace, summary: dict, times: dict) ->
 HOWS = ("min", "median")
 
 
-def settings_args(description: str, reps: int, tokens: list[int]) -> argparse.Namespace:
-    """Parse the options of a script that times the default pair's forwards under several settings of one process;
+def settings_args(description: str, reps: int, tokens: list[int], settings: list[str] | None = None
+                  ) -> argparse.Namespace:
+    """Parse the options of a script that times the default pair's forwards under several settings of one process
+    (`settings`: the script's own, of which --settings picks some, the first the one the others are compared with);
     refuse (as argparse does) counts or sizes that leave nothing to time, or no one-token forward to divide by."""
     parser = argparse.ArgumentParser(description=description)
+    if settings is not None:
+        parser.add_argument("--settings", nargs="+", choices=settings, default=settings,
+                            help="the settings to time (the first is the others' baseline)")
     parser.add_argument("--reps", type=int, default=reps, help="forwards per model, setting and size")
     parser.add_argument("--context", type=int, default=128, help="cached tokens before each timed forward")
     parser.add_argument("--tokens", type=int, nargs="+", default=tokens, help="forward sizes k")
@@ -100,12 +105,14 @@ def time_settings(models: dict[str, HFCausalLM], settings: list[str], switch: Ca
                   args: argparse.Namespace, fresh: list[int]) -> dict[str, dict[str, dict[int, list[float]]]]:
     """Return {model: {setting: {k: [seconds]}}}: `args.reps` forwards of each size k in `args.tokens` per model and
     setting, the settings in turn rep by rep (`switch(model, setting)` selects one), who goes first rotating, so
-    that load from other processes falls on all alike."""
+    that load from other processes falls on all alike. After each switch one forward goes untimed: the first
+    forward after the other model's ran about 10 ms slower whatever its size (20% of the target's one-token pass)."""
     times = {name: {s: {k: [] for k in args.tokens} for s in settings} for name in models}
     for rep in range(args.reps):
         for name, model in models.items():
             for setting in settings[rep % len(settings):] + settings[: rep % len(settings)]:
                 switch(model, setting)
+                timed_forward(model, fresh[:1], 1, args.context)
                 for k in args.tokens:
                     times[name][setting][k].append(timed_forward(model, fresh[:k], k, args.context)[0])
     return times

@@ -9,11 +9,14 @@ import pytest
 import torch
 
 from tests.stats import FALSE_ALARM, chi_square_pvalue, target_law
+from verispec.drafters import lookup_length
+from verispec.drafters.adaptive import ADAPTIVE_LOOKUP_GAMMA
 from verispec.engine import DecodeConfig, Engine
 from verispec.errors import ConfigError
 from verispec.models.hf import HFCausalLM
 from verispec.models.tabular import TabularLM
 from verispec.sampling import SamplingConfig
+from verispec.serve.bounds import draft_length
 
 # Repetitive, so that prompt lookup finds matches from the first round on.
 PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef add(a, b):\n    return"
@@ -165,6 +168,31 @@ def test_longer_lookup_rounds_keep_greedy_ar_and_their_length(tiny_pair, tokeniz
     for r in out.trace.rounds:
         assert r.drafted <= min(9, n - produced - 1)
         produced += r.emitted
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "hybrid"])
+def test_by_default_lookup_rounds_choose_their_length_up_to_their_own_most(tiny_pair, tokenizer, drafter):
+    """With the default adaptive length and no ngram_gamma, a lookup round may draft past gamma, up to
+    ADAPTIVE_LOOKUP_GAMMA (chosen per round from the lookups' acceptance); the greedy output stays `ar`'s. Without
+    the adaptive length, lookups stay at gamma."""
+    engine = Engine(tiny_pair["target"], tiny_pair["partial"])
+    n = 60
+    expected = engine.decode(ids(tokenizer), DecodeConfig("ar", max_new_tokens=n)).tokens
+    out = engine.decode(ids(tokenizer), DecodeConfig("sd", gamma=2, max_new_tokens=n, drafter=drafter))
+    assert out.tokens == expected
+    lookups = [r.drafted for r in out.trace.rounds if r.drafter == "ngram"]
+    assert max(lookups) > 2 and max(lookups) <= ADAPTIVE_LOOKUP_GAMMA
+    fixed = engine.decode(ids(tokenizer), DecodeConfig("sd", gamma=2, max_new_tokens=n, drafter=drafter,
+                                                        adaptive_gamma=False))
+    assert fixed.tokens == expected and max(r.drafted for r in fixed.trace.rounds) <= 2
+
+
+def test_lookup_length_is_ngram_gamma_else_the_adaptive_most_else_gamma():
+    assert lookup_length(DecodeConfig("sd", gamma=3)) == ADAPTIVE_LOOKUP_GAMMA  # hybrid, adaptive by default
+    assert lookup_length(DecodeConfig("sd", gamma=3, adaptive_gamma=False)) == 3
+    assert lookup_length(DecodeConfig("sd", gamma=3, ngram_gamma=7)) == 7
+    assert draft_length(DecodeConfig("sd", gamma=3)) == ADAPTIVE_LOOKUP_GAMMA  # the server bounds a round by it
+    assert draft_length(DecodeConfig("sd", gamma=3, drafter="model")) == 3
 
 
 @pytest.mark.parametrize("method,paths", [("sd", 1), ("specinfer", 3)])

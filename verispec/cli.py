@@ -146,11 +146,14 @@ def load_pair(args: argparse.Namespace):  # noqa: ANN201 (a Decoder: imported la
 
 def describe_method(config) -> str:  # noqa: ANN001 (a DecodeConfig)
     """Return what a decode with `config` runs: its drafter and draft length (nothing for non-speculative methods)."""
+    from verispec.drafters import lookup_length
     from verispec.methods import get_method
 
     if not get_method(config.method).speculative:
         return "no draft"
     length = f"gamma chosen per round up to {config.gamma}" if config.adaptive_gamma else f"gamma={config.gamma}"
+    if config.drafter != "model" and lookup_length(config) != config.gamma:
+        length += f", lookups up to {lookup_length(config)}"
     return f"drafter={config.drafter}, {length}"
 
 

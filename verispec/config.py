@@ -52,8 +52,8 @@ class DecodeConfig:
     drafter: str | None = None
     ngram_min: int = 2  # prompt lookup: the shortest suffix of the context looked up
     ngram_max: int = 4  # prompt lookup: the longest suffix looked up (the longest match wins)
-    # prompt lookup: the most tokens a lookup round drafts; None = gamma. Lookup tokens cost no draft forward, so
-    # a longer lookup round costs only the longer verify pass (nearly flat in its length on a CPU, BENCHMARKS §1)
+    # prompt lookup: the most tokens a lookup round drafts; None = 16 with adaptive_gamma (each lookup round then
+    # drafts what its recent acceptance pays for), else gamma (`verispec.drafters.lookup_length`)
     ngram_gamma: int | None = None
     # hybrid: the draft model drafts only when the tokens it must catch up on are ≤ this × the tokens still to emit
     hybrid_catchup: float = HYBRID_CATCHUP

@@ -26,7 +26,7 @@ import torch
 
 from verispec.config import MULTIPATH_PATHS, DecodeConfig
 from verispec.diagnostics import RoundObserver, SprinterDiagnostics, record_relaxed
-from verispec.drafters import DraftRequest, make_drafter, round_length, uses_draft_model
+from verispec.drafters import DraftRequest, lookup_length, make_drafter, round_length, uses_draft_model
 from verispec.drafters.adaptive import AdaptiveGamma
 from verispec.drafters.confidence import ConfidenceStop
 from verispec.drafting import DraftBlock, PrefixTree, StopRule
@@ -146,8 +146,10 @@ class Engine:
         noise = KeyedNoise(config.seed, decoder.vocab_size) if config.keyed_draws and not config.sampling.greedy \
             else None
         matched = matches_tokens(method, config)  # then no drafted row needs its law (unless observed)
-        adaptive = config.adaptive_gamma and draft_model is not None
-        lengths = AdaptiveGamma(config.gamma, sequences=self.load) if adaptive else None
+        # the lengths chosen per round: the draft model's, and the lookups' (with the draft model or alone)
+        adaptive = config.adaptive_gamma and (draft_model is not None or config.drafter == "ngram")
+        lengths = AdaptiveGamma(config.gamma, sequences=self.load, lookup_max=lookup_length(config),
+                                row_laws=not matched) if adaptive else None
         trace = Trace(prefill_tokens=len(prompt_ids))
         decoder_is_draft = method.decoder == "draft"
         for model in (decoder, draft_model):

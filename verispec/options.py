@@ -92,8 +92,8 @@ def add_decode_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ngram-max", type=int, default=DecodeConfig.ngram_max,
                         help="prompt lookup (ngram, hybrid): the longest context suffix looked up")
     parser.add_argument("--ngram-gamma", type=int, default=DecodeConfig.ngram_gamma,
-                        help="prompt lookup (ngram, hybrid): the most tokens a lookup round drafts (default: gamma; "
-                             "lookup tokens cost no draft forward, so longer rounds cost only a longer verify pass)")
+                        help="prompt lookup (ngram, hybrid): the most tokens a lookup round drafts (default: 16 with "
+                             "the adaptive gamma, which chooses each lookup round's length up to it; gamma without)")
     parser.add_argument("--hybrid-catchup", type=float, default=DecodeConfig.hybrid_catchup,
                         help="hybrid: the draft model drafts only when the tokens its cache lacks are at most this "
                              "many times the tokens still to generate; longer prompts are drafted by lookup alone "

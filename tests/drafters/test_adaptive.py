@@ -85,17 +85,22 @@ def test_the_estimate_follows_the_rounds_and_drifts_back_to_the_prior_while_idle
     assert lookup.lookup_alpha < plain.lookup_alpha  # it informs the lookup rounds' own estimate
 
 
-def test_lookup_rounds_keep_their_length_alone_and_shorten_under_load():
+def test_lookup_rounds_draft_what_their_acceptance_pays_for_alone_and_under_load():
     load = [1]
-    rule = AdaptiveGamma(4, sequences=lambda: load[0])
+    rule = AdaptiveGamma(4, sequences=lambda: load[0], lookup_max=16)
     for _ in range(10):
         rule.observe("ngram", 4, 0)  # every lookup round rejected at once
-    assert rule.lookup_next() is None  # alone: a lookup round costs no draft forward, it keeps its length
+    assert rule.lookup_next() <= 1  # alone, a lookup rejected this often is worth at most one more row
     load[0] = 16
     assert rule.lookup_next() == 0  # under load its rows cost the batched pass: a plain step pays more
     for _ in range(20):
-        rule.observe("ngram", 4, 4)
-    assert rule.lookup_next() > 0  # a lookup accepted this often still pays
+        rule.observe("ngram", 16, 16)  # every lookup token accepted
+    load[0] = 1
+    alone = rule.lookup_next()
+    assert alone > 4  # past the model's most: a lookup round has its own, and costs no draft forward
+    load[0] = 16
+    assert 0 < rule.lookup_next() < alone  # a lookup accepted this often still pays under load, shorter
+    assert AdaptiveGamma(4).lookup_max == 4  # no lookup maximum of its own: the model's
 
 
 def test_a_capped_lookup_round_drafts_fewer_tokens(tiny_pair, tokenizer):

@@ -105,6 +105,6 @@ def test_the_law_test_catches_a_rule_that_drops_the_unsure_token(monkeypatch):
     monkeypatch.setattr(model_drafter, "draft_paths", dropping)
     target, draft = TabularLM(3, seed=51), TabularLM(3, seed=52, sharpness=2.0)
     engine = Engine(target, draft)
-    config = DecodeConfig("sd", 3, 3, T1, draft_confidence=0.45)
+    config = DecodeConfig("sd", 3, 3, T1, draft_confidence=0.45, adaptive_gamma=False)  # as above
     counts = decode_counts(engine, config, 6000)
     assert chi_square_pvalue(counts, target_law(target, [0], 3)) < FALSE_ALARM

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from verispec.drafters.adaptive import ADAPTIVE_LOOKUP_GAMMA
 from verispec.drafters.base import Drafter, DraftRequest, round_length
 from verispec.drafters.hybrid import HybridDrafter
 from verispec.drafters.model import ModelDrafter
@@ -24,7 +25,7 @@ from verispec.models.protocol import CausalLM
 
 __all__ = ["DRAFTERS", "Drafter", "DraftRequest", "HybridDrafter", "ModelDrafter", "NgramDrafter", "NgramIndex",
            "check_adaptive_gamma", "check_drafter_settings", "default_adaptive_gamma", "default_drafter",
-           "make_drafter", "round_length", "takes_adaptive_gamma", "uses_draft_model"]
+           "lookup_length", "make_drafter", "round_length", "takes_adaptive_gamma", "uses_draft_model"]
 
 DRAFTERS: dict[str, str] = {
     "model": "K i.i.d. paths sampled from the draft model",
@@ -124,12 +125,21 @@ def check_draft_confidence(config: Any, method: Any) -> None:
                           "(q = 1 for every drafted token), so it would never stop drafting", field="draft_confidence")
 
 
+def lookup_length(config: Any) -> int:
+    """Return the most tokens a lookup round drafts under `config` (a DecodeConfig): `ngram_gamma` where given, else
+    ADAPTIVE_LOOKUP_GAMMA where the draft length is chosen per round (each lookup round then drafts what its recent
+    acceptance pays for, `AdaptiveGamma.lookup_next`), else gamma."""
+    if config.ngram_gamma is not None:
+        return int(config.ngram_gamma)
+    return ADAPTIVE_LOOKUP_GAMMA if config.adaptive_gamma else int(config.gamma)
+
+
 def make_drafter(config: Any, draft_model: CausalLM | None) -> Drafter:
     """Return a fresh drafter for one decode with `config` (a DecodeConfig); `draft_model` None drafts nothing."""
     if config.drafter == "ngram":
-        return NgramDrafter(config.ngram_min, config.ngram_max, config.ngram_gamma)
+        return NgramDrafter(config.ngram_min, config.ngram_max, lookup_length(config))
     if config.drafter == "hybrid":
-        return HybridDrafter(NgramDrafter(config.ngram_min, config.ngram_max, config.ngram_gamma),
+        return HybridDrafter(NgramDrafter(config.ngram_min, config.ngram_max, lookup_length(config)),
                              ModelDrafter(draft_model),
                              float(config.hybrid_catchup))
     return ModelDrafter(draft_model)

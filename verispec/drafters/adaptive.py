@@ -7,7 +7,8 @@ tokens, which costs four draft forwards and a target pass over five rows, accept
 unit of time, E(γ) / T(γ), with
 - E(γ) = (1 − α^(γ+1)) / (1 − α): the tokens a round emits when each draft token is accepted with probability α;
 - T(γ) = c·γ + f(γ + 1): γ draft forwards, each costing c target forwards, and a target pass over γ + 1 rows, f(k)
-  being its cost over a one-row pass (`RoundCosts`);
+  being its cost over a one-row pass (`RoundCosts`), plus, where the round verifies on laws (T > 0, not keyed),
+  each row's law (ROW_LAW per row);
 - α: the acceptance rate of the recent model-drafted rounds (geometric: accepted tokens over accepted tokens plus
   rejections, counts decayed by `decay` per round, from a prior of `prior`).
 γ = 0 is a plain target step (E = T = 1). While γ stays 0 nothing is learnt, so the counts decay toward the prior
@@ -21,9 +22,11 @@ passes, the shorter the best γ as a rule: at 4 sequences and α = 0.7 a plain s
 always: where a longer round brings a pass to the size the 4-bit layers' AMX tiles take (10 rows), its rows cost
 less, and the measured table says so.
 
-Lookup rounds cost no draft forward, so alone they keep their full length; under load their rows still cost the
-batched target pass, so there each lookup round drafts the γ that maximises E(γ) / f(n·(γ + 1)) at the recent
-acceptance of the lookup rounds (`lookup_next`; counted and decayed like the model's, from the same prior).
+Lookup rounds cost no draft forward, only their rows in the target's pass, so each drafts the γ up to its own
+maximum (`ngram_gamma`, ADAPTIVE_LOOKUP_GAMMA by default) that maximises E(γ) / f(γ + 1), under load
+E(γ) / f_n(n·(γ + 1)), at the recent acceptance of the lookup rounds (`lookup_next`; counted and decayed like the
+model's, from the same prior). Where lookups are copied on and on (code, at T = 0) that is their longest; where they
+miss (sampled chat), about the model's γ.
 
 Lossless: the length is chosen before the round from the counts of earlier rounds only (never timings or draws of
 this round), so every round is an ordinary round of its verifier and the target's law is kept; a seed gives the
@@ -48,11 +51,14 @@ class RoundCosts:
     draft_rows: tuple[float, ...] = (1.0, 1.0)
     # f(k) of a batched pass over k rows of several sequences (each attends to a cache of its own); None: `target`
     batched_target: tuple[float, ...] | None = None
+    # what each row's law adds to the pass where the round verifies on laws (T > 0, unless keyed): 0 at T = 0
+    row_law: float = 0.0
 
     def target_pass(self, rows: int, sequences: int = 1) -> float:
-        """Return f(`rows`) of a pass over `sequences` sequences' rows, extended linearly past the table."""
+        """Return f(`rows`) of a pass over `sequences` sequences' rows, extended linearly past the table, with
+        their laws' cost."""
         batched = sequences > 1 and self.batched_target is not None
-        return _extended(self.batched_target if batched else self.target, rows)
+        return _extended(self.batched_target if batched else self.target, rows) + self.row_law * rows
 
     def draft_pass(self, rows: int) -> float:
         """Return c·g(`rows`): a draft pass over `rows` rows, in target forwards."""
@@ -74,19 +80,31 @@ def interpolated(points: dict[int, float]) -> tuple[float, ...]:
     return tuple(float(v) for v in np.interp(range(1, known[-1] + 1), known, [points[k] for k in known]))
 
 
-# Measured on the default pair's int4 path (2-core Xeon): the target's medians f(k) over k = 1..12 rows of one
-# sequence (benchmarks/results/tile-passes-by-size.json, k = 11 interpolated) and c for the draft with its weights
-# in 4 bits (BENCHMARKS.md §3). Under load, the server's batched passes (benchmarks/results/batched-passes.json,
+# Measured on the default pair's int4 path (2-core Xeon with AMX): the target's medians f(k) over k = 1..17, 21, 25
+# and 33 rows of one sequence, linear between (benchmarks/results/decode-passes-by-size.json; past 9 rows the 4-bit
+# layers run on tiles, so 10-16 rows cost less than 7-8), and c for the draft with its weights in 4 bits
+# (BENCHMARKS.md §3). Under load, the server's batched passes (benchmarks/results/batched-passes.json,
 # 4-bit layers on AMX tiles from 10 rows on, which is why 10-12 rows cost less than 8): f(k) over k rows in all, the
 # median of the sequence counts measured at k, linear between; g(n): the draft's pass over n sequences of one token
 # each (1.24, 1.62, 2.79 at n = 2, 4, 8). A fixed table, not this host's timings: see the module's docstring.
 INT4_COSTS = RoundCosts(
     draft=0.36,
-    target=(1.0, 1.10, 1.20, 1.30, 1.40, 1.52, 1.93, 1.98, 1.96, 2.02, 2.17, 2.32),
+    target=interpolated({1: 1.0, 2: 1.12, 3: 1.20, 4: 1.24, 5: 1.27, 6: 1.31, 7: 1.63, 8: 1.71, 9: 1.61, 10: 1.59,
+                         11: 1.62, 12: 1.63, 13: 1.67, 14: 1.69, 15: 1.69, 16: 1.74, 17: 1.98, 21: 2.14, 25: 2.28,
+                         33: 3.19}),
     draft_rows=interpolated({1: 1.0, 2: 1.24, 4: 1.62, 8: 2.79}),
     batched_target=interpolated({1: 1.0, 2: 1.20, 4: 1.36, 6: 1.45, 8: 2.03, 10: 1.73, 12: 1.93, 16: 2.31, 20: 2.70,
                                  24: 2.98, 32: 3.70, 40: 5.07, 48: 6.07, 64: 7.74}),
 )
+# The most tokens a lookup round drafts where the draft length is chosen per round and no `ngram_gamma` is given:
+# lookup tokens cost no draft forward, and a 17-row pass costs about two one-token passes (the table above). On 20
+# HumanEval prompts (not those of BENCHMARKS.md's default-path rows) at T = 0, lookups of up to 8, 12 and 16 tokens
+# ran 1.11x, 1.25x and 1.28x lookups of up to 4 (always that long, before they were chosen per round).
+ADAPTIVE_LOOKUP_GAMMA = 16
+# A verified row's float64 law over the vocabulary at T > 0 (with its draws), in target forwards: rounds of 5 rows
+# took about 8 ms more at T = 1 than at T = 0 in the decodes of the default path on 2-core Xeons (~1.6 ms a row, a
+# one-token pass ~55 ms). Greedy and keyed rounds match tokens and make no law.
+ROW_LAW = 0.03
 PRIOR_ACCEPTANCE = 0.7  # what α is taken to be before any round, and what it decays toward while γ stays 0
 PRIOR_WEIGHT = 2.0  # the prior counts as this many tokens' worth of evidence
 DECAY = 0.85  # per round: the last ~7 rounds carry most of the estimate
@@ -116,10 +134,15 @@ class AdaptiveGamma:
 
     def __init__(self, max_gamma: int, costs: RoundCosts = INT4_COSTS, prior: float = PRIOR_ACCEPTANCE,
                  prior_weight: float = PRIOR_WEIGHT, decay: float = DECAY,
-                 sequences: Callable[[], int] | None = None) -> None:
+                 sequences: Callable[[], int] | None = None, lookup_max: int | None = None,
+                 row_laws: bool = False) -> None:
         """`sequences`: asked each round how many sequences share the passes (a batched server's load); None:
-        this one alone."""
+        this one alone. `lookup_max`: the most tokens a lookup round drafts (None: `max_gamma`). `row_laws`: the
+        rounds verify on laws (T > 0 and not keyed), whose cost per row (ROW_LAW) goes on `costs`' passes."""
+        if row_laws:
+            costs = replace(costs, row_law=ROW_LAW)
         self.max_gamma, self.costs, self.decay, self.sequences = max_gamma, costs, decay, sequences
+        self.lookup_max = max_gamma if lookup_max is None else lookup_max
         # a lookup round's costs: no draft forward, the same target passes
         self.lookup_costs = replace(costs, draft=0.0)
         self.prior_accepted, self.prior_rejected = prior * prior_weight, (1.0 - prior) * prior_weight
@@ -145,13 +168,10 @@ class AdaptiveGamma:
         sequences = self.sequences() if self.sequences is not None else 1
         return best_gamma(self.alpha, self.max_gamma, self.costs, sequences)
 
-    def lookup_next(self) -> int | None:
-        """Return the most tokens a lookup round may draft this round under load (0: none), or None when this
-        sequence's passes are its own (a lookup round then keeps its full length)."""
+    def lookup_next(self) -> int:
+        """Return the most tokens a lookup round may draft this round (0: none)."""
         sequences = self.sequences() if self.sequences is not None else 1
-        if sequences <= 1:
-            return None
-        return best_gamma(self.lookup_alpha, self.max_gamma, self.lookup_costs, sequences)
+        return best_gamma(self.lookup_alpha, self.lookup_max, self.lookup_costs, sequences)
 
     def observe(self, drafter: str, drafted: int, accepted: int) -> None:
         """Record a round: `drafted` tokens proposed by `drafter`, of which the verifier kept `accepted`. The draft

@@ -32,9 +32,9 @@ class DraftRequest:
     keep_hidden: bool = False  # keep the draft model's hidden state behind each q (`DraftBlock.hiddens`; one path)
     remaining: int | None = None  # tokens the decode may still emit (None: not bounded); the hybrid's catch-up rule
     # the most tokens the draft model may draft this round (≤ gamma; None: gamma), set by an adaptive length rule
-    # (`verispec.drafters.adaptive`); lookup rounds cost no draft forward and keep `gamma`
+    # (`verispec.drafters.adaptive`); lookup rounds have their own
     model_gamma: int | None = None
-    # the most tokens a lookup round may draft (≤ gamma; None: gamma), set by the adaptive rule under load
+    # the most tokens a lookup round may draft (≤ its drafter's most; None: that most), set by the adaptive rule
     lookup_gamma: int | None = None
     # the round's logit processors (logit_bias, penalties), applied to the draft model's logits as to the target's;
     # None: none set

@@ -90,7 +90,7 @@ class NgramDrafter:
         gamma = request.gamma
         if self.gamma is not None and request.gamma > 0:
             gamma = round_length(self.gamma, request.remaining)
-        if request.lookup_gamma is not None:  # under load: what the adaptive rule lets a lookup round cost
+        if request.lookup_gamma is not None:  # what the adaptive rule lets a lookup round cost
             gamma = min(gamma, request.lookup_gamma)
         paths = self.index.candidates(request.n_paths, gamma, request.eos_token_ids)
         if not paths:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from verispec.drafters import lookup_length
 from verispec.engine import DecodeConfig
 from verispec.methods import get_method
 from verispec.models.protocol import CausalLM
@@ -76,7 +77,7 @@ def draft_length(config: DecodeConfig) -> int:
         return 0
     if method.learned_stop:
         return config.cap
-    return max(config.gamma, config.ngram_gamma or 0) if config.drafter != "model" else config.gamma
+    return max(config.gamma, lookup_length(config)) if config.drafter != "model" else config.gamma
 
 
 def request_bytes(shapes: Iterable[ModelShape], config: DecodeConfig, n_prompt: int, n_context: int) -> int:
