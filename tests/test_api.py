@@ -146,7 +146,9 @@ def test_draft_dtype_loads_a_cheaper_draft_and_stays_lossless(tiny_pair, tmp_pat
     assert next(mixed.model("draft").model.parameters()).dtype == torch.bfloat16
     assert next(mixed.model("target").model.parameters()).dtype == torch.float32
     ar = mixed.generate("def f(x):", method="ar", max_new_tokens=12, chat_template=False)
-    sd = mixed.generate("def f(x):", method="sd", gamma=3, max_new_tokens=12, chat_template=False)
+    # the model drafter at a fixed γ, so that every round drafts (the adaptive γ may choose plain steps here)
+    sd = mixed.generate("def f(x):", method="sd", gamma=3, max_new_tokens=12, chat_template=False, drafter="model",
+                        adaptive_gamma=False)
     assert sd.tokens == ar.tokens  # greedy: the target decides every token, whatever the draft's precision
     # The bfloat16 draft really drafted: one forward per drafted position, every round but a last 1-token one.
     assert sd.trace.draft_calls == sum(r.drafted for r in sd.trace.rounds) >= len(sd.trace.rounds) - 1
