@@ -98,8 +98,9 @@ INT4_COSTS = RoundCosts(
 )
 # The most tokens a lookup round drafts where the draft length is chosen per round and no `ngram_gamma` is given:
 # lookup tokens cost no draft forward, and a 17-row pass costs about two one-token passes (the table above). On 20
-# HumanEval prompts (not those of BENCHMARKS.md's default-path rows) at T = 0, lookups of up to 8, 12 and 16 tokens
-# ran 1.11x, 1.25x and 1.28x lookups of up to 4 (always that long, before they were chosen per round).
+# HumanEval prompts (not those of BENCHMARKS.md's default-path rows) at T = 0, fixed lookups of 8 ran 1.11x those of
+# 4, and 12 and 16 ran 1.13x and 1.15x those of 8 (two runs); lengths chosen per round up to 16 ran 1.23x lookups of
+# 4 (docs/drafters.md).
 ADAPTIVE_LOOKUP_GAMMA = 16
 # A verified row's float64 law over the vocabulary at T > 0 (with its draws), in target forwards: rounds of 5 rows
 # took about 8 ms more at T = 1 than at T = 0 in the decodes of the default path on 2-core Xeons (~1.6 ms a row, a
